@@ -1,0 +1,35 @@
+"""atlantis: durable background jobs on PostgreSQL, each attempt in a supervised child."""
+
+from atlantis.context import JobContext, checkpoint
+from atlantis.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from atlantis.errors import (
+    AtlantisError,
+    ConfigurationError,
+    DeclarationError,
+    Discard,
+    JobNotFoundError,
+    Snooze,
+    UnknownJobError,
+    ValidationError,
+)
+from atlantis.registry import Registry
+
+__all__ = [
+    "AtlantisError",
+    "ConfigurationError",
+    "DeclarationError",
+    "Discard",
+    "JobContext",
+    "JobNotFoundError",
+    "Registry",
+    "Snooze",
+    "UnknownJobError",
+    "ValidationError",
+    "checkpoint",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from atlantis.child.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Command-line tools: ``tide`` for operators and developers."""

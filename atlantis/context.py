@@ -1,0 +1,81 @@
+"""What a handler sees of its attempt: :class:`JobContext` and :func:`checkpoint`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+#: Checkpoints closer together than this are coalesced in the child; the last one always
+#: reaches the supervisor before the attempt's result does.
+CHECKPOINT_INTERVAL = 0.2
+
+ProgressSink = Callable[[float, str], None]
+
+
+@dataclass(eq=False)
+class JobContext:
+    """The attempt a handler is running.
+
+    ``cancelled`` turns true once cancellation or a shutdown reached this attempt; a
+    handler that checks it can stop early (it is killed after the grace period anyway).
+    """
+
+    job_id: int
+    job: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    deadline: datetime
+    logger: logging.Logger
+    database_url: str | None = None
+    _sink: ProgressSink | None = field(default=None, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
+    _pending: tuple[float, str] | None = field(default=None, repr=False)
+    _last_sent: float = field(default=-math.inf, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
+        """Report progress; never raises. Returns the error that kept it from being sent."""
+        try:
+            value = float(pct)
+        except (TypeError, ValueError) as exc:
+            return exc
+        text = msg if isinstance(msg, str) else str(msg)
+        now = time.monotonic()
+        if now - self._last_sent < CHECKPOINT_INTERVAL:
+            self._pending = (value, text)
+            return None
+        self._pending = None
+        self._last_sent = now
+        return self._send(value, text)
+
+    def flush(self) -> Exception | None:
+        """Send a coalesced checkpoint that has not gone out yet."""
+        if self._pending is None:
+            return None
+        value, text = self._pending
+        self._pending = None
+        self._last_sent = time.monotonic()
+        return self._send(value, text)
+
+    def _send(self, pct: float, msg: str) -> Exception | None:
+        if self._sink is None:
+            return RuntimeError("checkpoint outside a supervised attempt")
+        # Keep the frame small; the server truncates to 256 characters anyway.
+        try:
+            self._sink(pct, msg[:1024])
+        except Exception as exc:
+            return exc
+        return None
+
+
+def checkpoint(ctx: JobContext, pct: float, msg: str = "") -> Exception | None:
+    """``atlantis.checkpoint(ctx, pct, msg)``: same as ``ctx.checkpoint(pct, msg)``."""
+    return ctx.checkpoint(pct, msg)

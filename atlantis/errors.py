@@ -1,0 +1,49 @@
+"""Errors a user of atlantis can catch.
+
+Every error derives from :class:`AtlantisError`; the class docstring is the default message.
+"""
+
+from __future__ import annotations
+
+
+class AtlantisError(Exception):
+    """atlantis failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(AtlantisError):
+    """The configuration is invalid."""
+
+
+class DeclarationError(AtlantisError):
+    """A .atl declaration is malformed."""
+
+
+class UnknownJobError(AtlantisError):
+    """The database does not know this job; sync the declarations with `tide db sync --app A`."""
+
+
+class ValidationError(AtlantisError):
+    """The job's arguments do not match its declaration."""
+
+
+class JobNotFoundError(AtlantisError):
+    """No job has this id."""
+
+
+class Discard(Exception):  # noqa: N818 - the name is part of the public API
+    """Raised by a handler: send the job to the dead-letter queue at once, no retry."""
+
+    def __init__(self, reason: str = "discarded by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Snooze(Exception):  # noqa: N818 - the name is part of the public API
+    """Raised by a handler: run the job again after `seconds`, without spending an attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"snoozed for {seconds}s")
+        self.seconds = float(seconds)

@@ -1,0 +1,89 @@
+"""The application: job declarations plus the Python handler for each."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from atlantis.declarations.model import JobDecl
+from atlantis.declarations.parser import parse_atl_file
+from atlantis.errors import ConfigurationError, DeclarationError
+
+Handler = Callable[..., Any]
+H = TypeVar("H", bound=Handler)
+
+
+def args_class(decl: JobDecl) -> type:
+    """A frozen dataclass with one attribute per declared field, built at run time."""
+    fields = [(f.name, Any, dataclasses.field(default=None)) for f in decl.fields]
+    cls_name = f"{decl.name}Args"
+    return dataclasses.make_dataclass(cls_name, fields, frozen=True, kw_only=True)
+
+
+@dataclasses.dataclass
+class Registration:
+    decl: JobDecl
+    handler: Handler
+    args_type: type
+
+
+class Registry:
+    """Declarations (from `.atl` files) and the handler registered for each job.
+
+    ``ATLANTIS_APP=package.module:registry`` names one of these to the supervisor and to
+    ``tide``.
+    """
+
+    def __init__(self, decls: Iterable[JobDecl] = ()) -> None:
+        self.decls: dict[str, JobDecl] = {}
+        self.registrations: dict[str, Registration] = {}
+        self.add(decls)
+
+    @classmethod
+    def from_atl(cls, *paths: str | Path) -> Registry:
+        """Read `.atl` files; a relative path is looked up beside the calling module first."""
+        caller = sys._getframe(1).f_code.co_filename
+        base = Path(caller).resolve().parent if caller and not caller.startswith("<") else None
+        decls: list[JobDecl] = []
+        for raw in paths:
+            path = Path(raw)
+            if not path.is_absolute() and base is not None and (base / path).exists():
+                path = base / path
+            try:
+                decls.extend(parse_atl_file(path))
+            except OSError as exc:
+                raise ConfigurationError(f"cannot read {raw}: {exc.strerror or exc}") from exc
+        return cls(decls)
+
+    def add(self, decls: Iterable[JobDecl]) -> None:
+        for decl in decls:
+            if decl.qualified_name in self.decls:
+                raise DeclarationError(
+                    f"{decl.source}: job {decl.qualified_name} is declared twice "
+                    f"(first at {self.decls[decl.qualified_name].source})"
+                )
+            self.decls[decl.qualified_name] = decl
+
+    def handler(self, job: str, *, args_type: type | None = None) -> Callable[[H], H]:
+        """Decorator: ``@registry.handler("directory.ImportContacts")``."""
+
+        def decorate(fn: H) -> H:
+            self.register(job, fn, args_type=args_type)
+            return fn
+
+        return decorate
+
+    def register(self, job: str, fn: Handler, *, args_type: type | None = None) -> None:
+        decl = self.decls.get(job)
+        if decl is None:
+            known = ", ".join(sorted(self.decls)) or "none"
+            raise ConfigurationError(f"no declaration for job {job!r} (declared: {known})")
+        if job in self.registrations:
+            raise ConfigurationError(f"job {job!r} already has a handler")
+        self.registrations[job] = Registration(decl, fn, args_type or args_class(decl))
+
+    def queues(self) -> set[str]:
+        return {d.queue for d in self.decls.values()}

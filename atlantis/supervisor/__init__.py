@@ -1,0 +1,1 @@
+"""``atlantis-supervise``: claims rows, runs each attempt in a child, keeps the leases."""

@@ -1,0 +1,255 @@
+"""Child processes as the supervisor sees them: start, talk, watch, kill.
+
+Each child leads its own session and process group, so a kill reaches the whole group;
+a psutil sweep then catches descendants that left the group with ``setsid``. Exit is
+watched through a pidfd (no pid-reuse race); output and events are read continuously,
+so a chatty child can never fill a pipe and deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import psutil
+
+from atlantis.protocol import FrameReader, ProtocolError, write_frame
+from atlantis.protocol.framing import Message
+
+if TYPE_CHECKING:
+    from atlantis.supervisor.attempts import Attempt
+
+log = logging.getLogger("atlantis.supervisor")
+out_log = logging.getLogger("atlantis.output")
+
+_MAX_LINE = 64 * 1024
+
+
+@dataclass(eq=False)
+class Child:
+    proc: subprocess.Popen[bytes]
+    control_fd: int
+    events_fd: int
+    pidfd: int
+    generation: int
+    """Which SIGHUP generation started this child."""
+    state: str = "starting"  # starting, idle, busy, retiring, dead
+    attempt: Attempt | None = None
+    jobs_run: int = 0
+    descendants: set[int] = field(default_factory=set)
+    reader: FrameReader = field(default_factory=FrameReader)
+    _partial: dict[int, bytearray] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, msg: Message) -> bool:
+        """Send a control message; False when the child is gone."""
+        if self.control_fd < 0:
+            return False
+        try:
+            write_frame(self.control_fd, msg)
+        except OSError:
+            return False
+        return True
+
+    def close_control(self) -> None:
+        """EOF on the control pipe tells the child to exit."""
+        if self.control_fd >= 0:
+            os.close(self.control_fd)
+            self.control_fd = -1
+
+    def remember_descendants(self) -> None:
+        try:
+            self.descendants |= {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the child's process group and any known descendant outside it."""
+        self.remember_descendants()
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in self.descendants:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def rss(self) -> int:
+        """Resident memory of the child and its descendants, in bytes."""
+        try:
+            proc = psutil.Process(self.pid)
+            total = proc.memory_info().rss
+            for p in proc.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            return total
+        except psutil.Error:
+            return 0
+
+    def tag(self) -> str:
+        if self.attempt is not None:
+            return f"job={self.attempt.job_id} attempt={self.attempt.attempt}"
+        return f"child={self.pid}"
+
+    def output(self, fd: int, data: bytes, stream: str) -> None:
+        buf = self._partial.setdefault(fd, bytearray())
+        buf += data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > _MAX_LINE:
+                    self._emit(bytes(buf[:_MAX_LINE]), stream)
+                    del buf[:_MAX_LINE]
+                    continue
+                break
+            self._emit(bytes(buf[:nl]), stream)
+            del buf[: nl + 1]
+
+    def flush_output(self, fd: int, stream: str) -> None:
+        buf = self._partial.pop(fd, None)
+        if buf:
+            self._emit(bytes(buf), stream)
+
+    def _emit(self, line: bytes, stream: str) -> None:
+        text = line.decode("utf-8", errors="backslashreplace").rstrip("\r")
+        extra: dict[str, object] = {"stream": stream, "child_pid": self.pid}
+        if self.attempt is not None:
+            extra.update(job_id=self.attempt.job_id, attempt=self.attempt.attempt,
+                         queue=self.attempt.queue)
+        out_log.info("%s %s", self.tag(), text, extra=extra)
+
+
+def spawn_child(
+    app: str,
+    env: dict[str, str],
+    generation: int,
+    loop: asyncio.AbstractEventLoop,
+    on_message: Callable[[Child, Message], None],
+    on_exit: Callable[[Child], None],
+) -> Child:
+    """Start ``python -m atlantis.child`` (a fresh interpreter: never a fork of this process)."""
+    ctl_r, ctl_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "atlantis.child", "--app", app,
+             "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
+            pass_fds=(ctl_r, ev_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
+    finally:
+        os.close(ctl_r)
+        os.close(ev_w)
+    os.set_inheritable(ctl_w, False)
+    os.set_inheritable(ev_r, False)
+    pidfd = os.pidfd_open(proc.pid)
+    child = Child(proc=proc, control_fd=ctl_w, events_fd=ev_r, pidfd=pidfd, generation=generation)
+    assert proc.stdout is not None and proc.stderr is not None
+    streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+
+    def read_events() -> None:
+        try:
+            data = os.read(ev_r, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(ev_r)
+            return
+        try:
+            messages = child.reader.feed(data)
+        except ProtocolError as exc:
+            log.error("%s: corrupt event stream (%s); killing the child", child.tag(), exc)
+            loop.remove_reader(ev_r)
+            child.signal_group(signal.SIGKILL)
+            return
+        for msg in messages:
+            on_message(child, msg)
+
+    def read_output(fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(fd)
+            child.flush_output(fd, streams[fd])
+            return
+        child.output(fd, data, streams[fd])
+
+    def exited() -> None:
+        loop.remove_reader(pidfd)
+        # Whatever the child wrote before dying is still in the pipes: read it first.
+        while True:
+            try:
+                data = os.read(ev_r, 1 << 20)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            try:
+                for msg in child.reader.feed(data):
+                    on_message(child, msg)
+            except ProtocolError:
+                break
+        for fd, stream in streams.items():
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                child.output(fd, data, stream)
+            child.flush_output(fd, stream)
+        proc.wait()
+        on_exit(child)
+        for fd in (ev_r, *streams):
+            loop.remove_reader(fd)
+        child.close_control()
+        os.close(ev_r)
+        os.close(pidfd)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+
+    os.set_blocking(ev_r, False)
+    loop.add_reader(ev_r, read_events)
+    for fd in streams:
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, read_output, fd)
+    loop.add_reader(pidfd, exited)
+    return child
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child ended, in the words `last_error` uses."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (perhaps out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"child exited with code {returncode}"

@@ -1,0 +1,38 @@
+"""sd_notify: readiness, status, watchdog and stopping, when run under systemd."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class Notifier:
+    def __init__(self) -> None:
+        addr = os.environ.get("NOTIFY_SOCKET")
+        self._addr: str | None = None
+        self._sock: socket.socket | None = None
+        if addr:
+            self._addr = "\0" + addr[1:] if addr.startswith("@") else addr
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        usec = os.environ.get("WATCHDOG_USEC")
+        pid = os.environ.get("WATCHDOG_PID")
+        self.watchdog_interval: float | None = None
+        if usec and usec.isdigit() and (not pid or pid == str(os.getpid())):
+            self.watchdog_interval = int(usec) / 1_000_000 / 2
+
+    @property
+    def enabled(self) -> bool:
+        return self._sock is not None
+
+    def notify(self, *lines: str) -> None:
+        if self._sock is None or self._addr is None:
+            return
+        try:
+            self._sock.sendto("\n".join(lines).encode(), self._addr)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,1 @@
+"""Throughput and latency benchmarks, run side by side with the peers (not by the test suite)."""

@@ -1,0 +1,1 @@
+"""Applications the tests run under a real supervisor."""

@@ -1,0 +1,119 @@
+"""Handlers that record what they did in ``test_events`` so tests can check side effects."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+import atlantis
+
+registry = atlantis.Registry.from_atl("jobs.atl")
+
+EVENTS_DDL = """
+CREATE TABLE IF NOT EXISTS test_events (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    attempt int NOT NULL,
+    key text NOT NULL,
+    event text NOT NULL,
+    pid int NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def record(ctx: atlantis.JobContext, key: str, event: str) -> None:
+    """Write an event on the handler's own connection (never one the supervisor holds)."""
+    assert ctx.database_url is not None
+    with psycopg.connect(ctx.database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO test_events (job_id, attempt, key, event, pid) VALUES (%s, %s, %s, %s, %s)",
+            (ctx.job_id, ctx.attempt, key, event, os.getpid()),
+        )
+
+
+def runs(ctx: atlantis.JobContext, key: str) -> int:
+    assert ctx.database_url is not None
+    with psycopg.connect(ctx.database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM test_events WHERE key = %s", (key,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+@registry.handler("tests.Echo")
+def echo(ctx: atlantis.JobContext, args: Any) -> None:
+    print(f"echo {args.key} {args.value}")
+    record(ctx, args.key, "ran")
+
+
+@registry.handler("tests.Sleep")
+def sleep(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, "started")
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        if args.checkpoint:
+            ctx.checkpoint(50, "sleeping")
+        time.sleep(0.05)
+    record(ctx, args.key, "finished")
+
+
+@registry.handler("tests.Fail")
+def fail(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, "ran")
+    if args.mode == "raise":
+        raise ValueError(f"bad value in attempt {ctx.attempt}")
+    if args.mode == "exit":
+        os._exit(args.code)
+    if args.mode == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+        ctypes.string_at(0)
+    if args.mode == "discard":
+        raise atlantis.Discard("not worth retrying")
+    if args.mode == "snooze" and runs(ctx, args.key) == 1:
+        raise atlantis.Snooze(0.2)  # spends no attempt: the second run is attempt 1 again
+    if args.mode == "flaky" and ctx.attempt < 2:
+        raise RuntimeError("first attempt fails")
+
+
+@registry.handler("tests.Checkpoints")
+async def checkpoints(ctx: atlantis.JobContext, args: Any) -> None:
+    errors = 0
+    for i in range(args.count):
+        if atlantis.checkpoint(ctx, i * 100 / max(args.count, 1), f"step {i}") is not None:
+            errors += 1
+    final = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.get(args.special or "", args.pct)
+    if final is not None or args.msg is not None:
+        if atlantis.checkpoint(ctx, final, args.msg or "") is not None:
+            errors += 1
+    record(ctx, args.key, f"errors={errors}")
+
+
+@registry.handler("tests.Slow")
+def slow(ctx: atlantis.JobContext, args: Any) -> None:
+    """Outlives its 1s timeout; ``stubborn`` ignores SIGTERM and leaves a grandchild."""
+    if args.mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grandchild = subprocess.Popen(
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"]
+        )
+        record(ctx, args.key, f"grandchild={grandchild.pid}")
+    record(ctx, args.key, "started")
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except BaseException:
+            if args.mode != "stubborn":
+                raise
+
+
+@registry.handler("tests.Typed")
+def typed(ctx: atlantis.JobContext, args: Any) -> None:
+    pass

@@ -1,0 +1,187 @@
+"""Fixtures: a real embedded PostgreSQL, a fresh database per test, real supervisors."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from atlantis.app import load_app
+from atlantis.store import migrate, sync
+from atlantis.store.database import ENV_URL
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TEST_APP = "tests.apps.basic:registry"
+TEMPLATE = "atl_template"
+_counter = itertools.count()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05,
+             message: str = "condition") -> Any:
+    """Poll until ``predicate()`` is truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def pg_home() -> Iterator[Path]:
+    # Unix socket paths must stay short: keep the data folder directly under /tmp.
+    home = Path(tempfile.mkdtemp(prefix="atl-", dir="/tmp"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_home: Path) -> Iterator[Any]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pgserver.postgres_server import get_server
+
+        server = get_server(pg_home / "pgdata", cleanup_mode="stop")
+    os.environ["ATLANTIS_HOME"] = str(pg_home)
+    os.environ.pop(ENV_URL, None)
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def admin_url(pg_server: Any) -> str:
+    return str(pg_server.get_uri())
+
+
+def url_for(admin_url: str, dbname: str) -> str:
+    return psycopg.conninfo.make_conninfo(admin_url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_url: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    with psycopg.connect(url_for(admin_url, TEMPLATE)) as conn:
+        migrate(conn)
+        sync(conn, list(load_app(TEST_APP).decls.values()))
+        from tests.apps.basic import EVENTS_DDL
+
+        conn.execute(EVENTS_DDL)
+        conn.commit()
+    return TEMPLATE
+
+
+@pytest.fixture
+def db_url(admin_url: str, template_db: str) -> Iterator[str]:
+    """A fresh database, migrated, with the test app's declarations synced."""
+    name = f"t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    yield url_for(admin_url, name)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        yield conn
+
+
+class Supervisor:
+    """A real ``atlantis-supervise`` process; its log goes to a file the test can read."""
+
+    def __init__(self, db_url: str, log_path: Path, args: list[str], env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [str(BIN / "atlantis-supervise"), "--database-url", db_url, *args],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text("utf-8", errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
+    """Start supervisors for this test's database; every one is stopped by pid afterwards."""
+    started: list[Supervisor] = []
+
+    def start(*args: str, queues: tuple[str, ...] = ("tests",), app: str = TEST_APP,
+              concurrency: int = 2, env: dict[str, str] | None = None) -> Supervisor:
+        argv = [f"--queue={q}" for q in queues]
+        argv += ["--app", app, "--concurrency", str(concurrency), "--poll-interval", "0.2s",
+                 "--rescue-interval", "0.5s", "--drain-timeout", "10s", "--kill-grace", "2s", *args]
+        full_env = {**os.environ, **(env or {})}
+        sup = Supervisor(db_url, tmp_path / f"supervisor-{len(started)}.log", argv, full_env)
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        sup.stop()
+
+
+def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    from psycopg.rows import dict_row
+
+    row = conn.cursor(row_factory=dict_row).execute(
+        "SELECT * FROM atlantis.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def wait_state(conn: psycopg.Connection[Any], job_id: int, *states: str,
+               timeout: float = 30.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        row = job_row(conn, job_id)
+        return row if row["state"] in states else None
+
+    result: dict[str, Any] = wait_for(check, timeout, message=f"job {job_id} in {states}")
+    return result
+
+
+def events(conn: psycopg.Connection[Any], key: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT job_id, attempt, event, pid FROM test_events WHERE key = %s ORDER BY id", (key,)
+    ).fetchall()

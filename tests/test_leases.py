@@ -1,0 +1,321 @@
+"""The lease contract: one worker per row, fenced writes, rescue, timeouts, retries."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import subprocess
+from datetime import timedelta
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg.types.json import Jsonb
+
+import atlantis
+from atlantis.store import Q
+from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
+
+
+def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:
+    return conn.execute(Q.claim, {"queues": ["tests"], "jobs": ["tests.Echo", "tests.Fail"],
+                                  "limit": limit, "worker": worker}).fetchall()
+
+
+def _finish(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int,
+            outcome: str, error: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    return conn.execute(Q.finish, {
+        "ids": [job_id], "attempts": [attempt], "outcomes": [outcome],
+        "errors": [Jsonb(error) if error else None], "delays": [0.5], "has_progress": [False],
+        "pcts": [None], "msgs": [None], "worker": worker,
+    }).fetchall()
+
+
+def _touch(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int) -> list[tuple[Any, ...]]:
+    return conn.execute(Q.touch, {"ids": [job_id], "attempts": [attempt], "has_progress": [True],
+                                  "pcts": [50.0], "msgs": ["late"], "worker": worker}).fetchall()
+
+
+def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
+    conn.execute("UPDATE atlantis.jobs SET claimed_until = now() - interval '1 second' WHERE id = %s",
+                 (job_id,))
+
+
+def _rescue(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute(Q.rescue, {"limit": 100, "worker": "rescuer"}).fetchall()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# ---- SQL-level fencing ----------------------------------------------------------------------
+
+def test_claim_sets_lease_from_the_database_clock(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "c"})
+    ((claimed_id, *_),) = _claim(db, "w1")
+    row = job_row(db, job_id)
+    assert claimed_id == job_id
+    assert row["state"] == "running" and row["attempt"] == 1 and row["claimed_by"] == "w1"
+    assert row["claimed_until"] - row["started_at"] == timedelta(seconds=3)
+
+
+def test_stale_completion_changes_nothing(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Fail", {"key": "s", "mode": "ok"})
+    _claim(db, "w1")
+    _expire(db, job_id)
+    assert _rescue(db) == [(job_id, "available", "tests")]
+    _claim(db, "w2")
+    before = job_row(db, job_id)
+    assert before["attempt"] == 2 and before["claimed_by"] == "w2"
+    # Attempt 1 wakes up late: its heartbeat, checkpoint and completion all miss.
+    assert _touch(db, "w1", job_id, 1) == []
+    assert _finish(db, "w1", job_id, 1, "complete") == []
+    # Same worker id but a stale attempt number misses too.
+    assert _finish(db, "w2", job_id, 1, "complete") == []
+    after = job_row(db, job_id)
+    assert after == before
+    assert _finish(db, "w2", job_id, 2, "complete") == [(job_id, "complete")]
+
+
+def test_expired_lease_cannot_be_renewed(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "e"})
+    _claim(db, "w1")
+    _expire(db, job_id)
+    assert _touch(db, "w1", job_id, 1) == []
+
+
+def test_rescue_never_overwrites_a_completed_row(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "r"})
+    _claim(db, "w1")
+    _expire(db, job_id)
+    assert _finish(db, "w1", job_id, 1, "complete") == [(job_id, "complete")]
+    assert _rescue(db) == []
+    assert job_row(db, job_id)["state"] == "complete"
+
+
+def test_rescue_counts_the_attempt_and_sends_to_dead_when_spent(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "d"})  # retries 0: one attempt
+    _claim(db, "w1")
+    _expire(db, job_id)
+    assert _rescue(db) == [(job_id, "dead", "tests")]
+    row = job_row(db, job_id)
+    assert row["last_error"] == "lease expired, worker w1 presumed dead"
+    assert [e["kind"] for e in row["errors"]] == ["lease_expired"]
+    assert row["finished_at"] is not None
+
+
+def test_backoff_spaces_retries_exponentially(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Fail", {"key": "b", "mode": "raise"})  # backoff 200ms
+    for attempt, base in ((1, 0.2), (2, 0.4)):
+        db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+        _claim(db, "w1")
+        _finish(db, "w1", job_id, attempt, "failed",
+                {"attempt": attempt, "kind": "exception", "message": f"boom {attempt}"})
+        row = job_row(db, job_id)
+        assert row["state"] == "available" and row["attempt"] == attempt
+        delay = (row["run_at"] - row["errors"][-1]["at_ts"]).total_seconds() if "at_ts" in row["errors"][-1] else None
+        at = db.execute("SELECT (errors->-1->>'at')::timestamptz FROM atlantis.jobs WHERE id = %s",
+                        (job_id,)).fetchone()
+        assert at is not None
+        delay = (row["run_at"] - at[0]).total_seconds()
+        assert base * 0.75 - 0.001 <= delay <= base * 1.25 + 0.001, (attempt, delay)
+    db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+    _claim(db, "w1")
+    _finish(db, "w1", job_id, 3, "failed", {"attempt": 3, "kind": "exception", "message": "boom 3"})
+    row = job_row(db, job_id)
+    assert row["state"] == "dead" and row["last_error"] == "boom 3"
+    assert [e["attempt"] for e in row["errors"]] == [1, 2, 3]
+
+
+def test_snooze_and_release_spend_no_attempt(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "z"})
+    _claim(db, "w1")
+    assert _finish(db, "w1", job_id, 1, "snooze") == [(job_id, "available")]
+    row = job_row(db, job_id)
+    assert row["attempt"] == 0 and row["run_at"] > row["started_at"]
+    db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+    _claim(db, "w1")
+    assert _finish(db, "w1", job_id, 1, "release") == [(job_id, "available")]
+    assert job_row(db, job_id)["attempt"] == 0
+
+
+def test_database_enforces_invariants(db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "i"})
+    for bad in ("UPDATE atlantis.jobs SET state = 'weird' WHERE id = %s",
+                "UPDATE atlantis.jobs SET progress_pct = 101 WHERE id = %s",
+                "UPDATE atlantis.jobs SET attempt = 5 WHERE id = %s",
+                "UPDATE atlantis.jobs SET state = 'running' WHERE id = %s",
+                "UPDATE atlantis.jobs SET state = 'complete' WHERE id = %s"):
+        try:
+            db.execute(bad, (job_id,))
+        except psycopg.errors.CheckViolation:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+
+
+# ---- real supervisors -----------------------------------------------------------------------
+
+def test_kill_9_supervisor_children_die_and_another_finishes(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    ids = atlantis.enqueue_many(db, "tests.Sleep", [{"key": f"k{i}", "seconds": 2.0} for i in range(20)])
+    first = supervise(concurrency=20)
+    wait_for(lambda: db.execute("SELECT count(*) FROM test_events WHERE event = 'started'").fetchone() == (20,),
+             timeout=60, message="20 attempts started")
+    pids = [r[0] for r in db.execute("SELECT pid FROM test_events WHERE event = 'started'").fetchall()]
+    first.signal(signal.SIGKILL)
+    first.wait()
+    wait_for(lambda: all(_gone(p) for p in pids), timeout=5,
+             message="children of the killed supervisor to die")
+    supervise(concurrency=4)
+    for job_id in ids:
+        row = wait_state(db, job_id, "complete", timeout=60)
+        assert row["attempt"] == 2
+        assert row["errors"][0]["kind"] == "lease_expired"
+    finished = db.execute("SELECT key, count(*) FROM test_events WHERE event = 'finished' GROUP BY key").fetchall()
+    assert sorted(finished) == sorted((f"k{i}", 1) for i in range(20))
+
+
+def test_paused_supervisor_attempt_dies_before_the_row_is_reclaimed(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    job_id = atlantis.enqueue(db, "tests.Sleep", {"key": "p", "seconds": 6.0})
+    paused = supervise(concurrency=1)
+    wait_for(lambda: events(db, "p"), message="attempt 1 to start")
+    ((_, _, _, child_pid),) = events(db, "p")
+    paused.signal(signal.SIGSTOP)
+    try:
+        other = supervise(concurrency=1)
+
+        def second_attempt_running() -> bool:
+            return bool(job_row(db, job_id)["attempt"] == 2)
+
+        wait_for(second_attempt_running, timeout=20, message="the row to be re-claimed")
+        # The paused attempt's child stopped itself before the row could be claimed again.
+        assert _gone(child_pid)
+    finally:
+        paused.signal(signal.SIGCONT)
+    row = wait_state(db, job_id, "complete", timeout=30)
+    assert row["attempt"] == 2 and row["claimed_by"] != "" and row["errors"][0]["kind"] == "lease_expired"
+    assert [e[1] for e in events(db, "p") if e[2] == "finished"] == [2]
+    paused.stop()
+    other.stop()
+    assert "lease" in paused.log()
+    assert job_row(db, job_id) == row  # the resumed supervisor wrote nothing
+
+
+def test_lost_lease_kills_the_child_and_writes_nothing(db: psycopg.Connection[Any], supervise: Any) -> None:
+    job_id = atlantis.enqueue(db, "tests.Sleep", {"key": "l", "seconds": 30.0})
+    sup = supervise(concurrency=1)
+    wait_for(lambda: events(db, "l"), message="the attempt to start")
+    ((_, _, _, child_pid),) = events(db, "l")
+    # Someone else owns the row now (as after a rescue and re-claim elsewhere).
+    db.execute("UPDATE atlantis.jobs SET claimed_by = 'intruder' WHERE id = %s", (job_id,))
+    wait_for(lambda: _gone(child_pid), timeout=10, message="the child to be killed")
+    wait_for(lambda: "lease is gone" in sup.log(), message="the log to say so")
+    row = job_row(db, job_id)
+    assert row["state"] == "running" and row["claimed_by"] == "intruder" and row["errors"] == []
+
+
+def test_timeout_kills_a_stubborn_handler_and_its_grandchild(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    job_id = atlantis.enqueue(db, "tests.Slow", {"key": "t", "mode": "stubborn"})  # timeout 1s, 2 attempts
+    supervise("--kill-grace", "1s", concurrency=1)
+    row = wait_state(db, job_id, "dead", timeout=30)
+    assert row["attempt"] == 2
+    assert [e["kind"] for e in row["errors"]] == ["timeout", "timeout"]
+    assert row["last_error"] == "timeout after 1s"
+    grandchildren = [int(e[2].split("=")[1]) for e in events(db, "t") if e[2].startswith("grandchild=")]
+    assert len(grandchildren) == 2
+    for pid in grandchildren:
+        wait_for(functools.partial(_gone, pid), timeout=5, message=f"grandchild {pid} to die")
+
+
+def test_poison_jobs_end_dead_and_the_supervisor_keeps_serving(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    exit_id = atlantis.enqueue(db, "tests.Fail", {"key": "x", "mode": "exit", "code": 7})
+    segv_id = atlantis.enqueue(db, "tests.Fail", {"key": "v", "mode": "segv"})
+    raise_id = atlantis.enqueue(db, "tests.Fail", {"key": "r", "mode": "raise"})
+    discard_id = atlantis.enqueue(db, "tests.Fail", {"key": "d", "mode": "discard"})
+    snooze_id = atlantis.enqueue(db, "tests.Fail", {"key": "s", "mode": "snooze"})
+    flaky_id = atlantis.enqueue(db, "tests.Fail", {"key": "f", "mode": "flaky"})
+    sup = supervise(concurrency=2)
+    row = wait_state(db, exit_id, "dead")
+    assert row["attempt"] == 3 and row["last_error"] == "child exited with code 7"
+    assert [e["exit_code"] for e in row["errors"]] == [7, 7, 7]
+    row = wait_state(db, segv_id, "dead")
+    assert row["last_error"] == "killed by SIGSEGV"
+    row = wait_state(db, raise_id, "dead")
+    assert row["last_error"].startswith("ValueError: bad value in attempt 3")
+    assert "Traceback" in row["errors"][0]["traceback"]
+    row = wait_state(db, discard_id, "dead")
+    assert row["attempt"] == 1 and row["last_error"] == "not worth retrying"
+    row = wait_state(db, snooze_id, "complete")
+    assert row["attempt"] == 1 and row["errors"] == []
+    row = wait_state(db, flaky_id, "complete")
+    assert row["attempt"] == 2 and len(row["errors"]) == 1
+    echo_id = atlantis.enqueue(db, "tests.Echo", {"key": "after"})
+    wait_state(db, echo_id, "complete")
+    assert sup.proc.poll() is None
+
+
+def test_tight_checkpoint_loop_is_coalesced_and_keeps_the_last_value(
+    db: psycopg.Connection[Any], db_url: str, supervise: Any
+) -> None:
+    job_id = atlantis.enqueue(db, "tests.Checkpoints", {"key": "tight", "count": 100_000,
+                                                         "pct": 99.0, "msg": "final"})
+    sup = supervise(concurrency=1)
+    row = wait_state(db, job_id, "complete", timeout=60)
+    assert (row["progress_pct"], row["progress_msg"]) == (99, "final")
+    assert events(db, "tight")[0][2] == "errors=0"
+    sup.stop()  # backends flush their statistics when they exit
+    dbname = db.info.dbname
+
+    def updates() -> int | None:
+        db.execute("SELECT pg_stat_clear_snapshot()")
+        r = db.execute("SELECT n_tup_upd + n_tup_hot_upd FROM pg_stat_all_tables "
+                       "WHERE relid = 'atlantis.jobs'::regclass").fetchone()
+        return None if r is None else int(r[0])
+
+    wait_for(lambda: (updates() or 0) >= 2, message=f"statistics of {dbname}")
+    count = updates()
+    assert count is not None and count < 200, count  # 100,000 calls, a handful of writes
+
+
+def test_checkpoint_values_are_clamped_and_truncated(db: psycopg.Connection[Any], supervise: Any) -> None:
+    cases: dict[str, tuple[dict[str, Any], int]] = {"neg": ({"pct": -5.0}, 0), "big": ({"pct": 500.0}, 100), "nan": ({"special": "nan"}, 0),
+             "inf": ({"special": "inf"}, 100)}
+    ids = {k: atlantis.enqueue(db, "tests.Checkpoints", {"key": k, "count": 0, "msg": "m" * 10_000, **a})
+           for k, (a, _) in cases.items()}
+    supervise(concurrency=2)
+    for key, (_, expected) in cases.items():
+        row = wait_state(db, ids[key], "complete")
+        assert row["progress_pct"] == expected, key
+        assert row["progress_msg"] == "m" * 256
+        assert events(db, key)[0][2] == "errors=0"
+
+
+def test_dlq_list_and_retry(db: psycopg.Connection[Any], db_url: str) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "q"})
+    _claim(db, "w1")
+    _finish(db, "w1", job_id, 1, "failed", {"attempt": 1, "kind": "exception", "message": "nope"})
+    assert job_row(db, job_id)["state"] == "dead"
+    out = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "dlq", "list", "--json"],
+                         capture_output=True, check=True, cwd=ROOT).stdout
+    assert b'"id": %d' % job_id in out
+    subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(job_id)],
+                   capture_output=True, check=True, cwd=ROOT)
+    row = job_row(db, job_id)
+    assert row["state"] == "available" and row["attempt"] == 0 and row["finished_at"] is None
+    again = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(job_id)],
+                           capture_output=True, cwd=ROOT, text=True)
+    assert again.returncode == 1 and "only dead or cancelled" in again.stderr
+    missing = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "status", "999999"],
+                             capture_output=True, cwd=ROOT, text=True)
+    assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
