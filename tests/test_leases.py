@@ -319,3 +319,22 @@ def test_dlq_list_and_retry(db: psycopg.Connection[Any], db_url: str) -> None:
     missing = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "status", "999999"],
                              capture_output=True, cwd=ROOT, text=True)
     assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
+
+
+def test_supervisor_kills_the_attempt_when_it_cannot_renew_in_time(
+    db_url: str, db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    job_id = atlantis.enqueue(db, "tests.Sleep", {"key": "w", "seconds": 30.0})
+    sup = supervise(concurrency=1)
+    wait_for(lambda: events(db, "w"), message="the attempt to start")
+    ((_, _, _, child_pid),) = events(db, "w")
+    # Hold the row's lock: every renewal now waits, as if the database were wedged.
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute("SELECT 1 FROM atlantis.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        wait_for(lambda: _gone(child_pid), timeout=10, message="the child to be killed")
+        wait_for(lambda: "could not be renewed in time" in sup.log(), message="the log to say why")
+        blocker.rollback()
+    # Nothing was written for the attempt; the row is rescued once its lease expires.
+    row = wait_state(db, job_id, "running", "available", "complete", timeout=10)
+    assert row["errors"] == [] or row["errors"][0]["kind"] == "lease_expired"
+    assert [e for e in events(db, "w") if e[2] == "finished" and e[1] == 1] == []

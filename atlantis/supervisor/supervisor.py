@@ -381,7 +381,9 @@ class Supervisor:
         child.send({
             "t": "run", "job_id": job_id, "job": job, "queue": queue, "args": args,
             "attempt": attempt, "max_attempts": max_attempts, "deadline": a.deadline,
-            "lease_end": a.lease_end, "lease_margin": lease_margin(heartbeat),
+            # The child's own stop comes after the supervisor's (half the margin), so that a
+            # supervisor that is alive acts first and records why; both precede the lease end.
+            "lease_end": a.lease_end, "lease_margin": lease_margin(heartbeat) / 2,
             "database_url": self.cfg.database_url,
         })  # a child that died meanwhile is handled by its exit
 
