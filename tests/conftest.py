@@ -24,6 +24,8 @@ from atlantis.store.database import ENV_URL
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TEST_APP = "tests.apps.basic:registry"
+#: Apps whose declarations every test database has synced (add yours here).
+SYNCED_APPS = [TEST_APP, "tests.apps.process:registry"]
 TEMPLATE = "atl_template"
 _counter = itertools.count()
 
@@ -81,7 +83,8 @@ def template_db(admin_url: str) -> str:
         conn.execute(f"CREATE DATABASE {TEMPLATE}")
     with psycopg.connect(url_for(admin_url, TEMPLATE)) as conn:
         migrate(conn)
-        sync(conn, list(load_app(TEST_APP).decls.values()))
+        for app in SYNCED_APPS:
+            sync(conn, list(load_app(app).decls.values()))
         from tests.apps.basic import EVENTS_DDL
 
         conn.execute(EVENTS_DDL)
