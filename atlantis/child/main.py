@@ -238,18 +238,26 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     for fd in (opts.control_fd, opts.events_fd):
         os.set_inheritable(fd, False)
-    channel = Channel(opts.events_fd)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
         registry = load_app(opts.app)
     except ConfigurationError as exc:
-        channel.send({"t": "fatal", "error": str(exc)})
+        Channel(opts.events_fd).send({"t": "fatal", "error": str(exc)})
         return EXIT_APP_ERROR
+    return serve(registry, opts.control_fd, opts.events_fd)
+
+
+def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
+    """Announce readiness, then run attempts until the control pipe closes.
+
+    Also the entry point of a worker forked by the zygote, with the app already imported.
+    """
+    channel = Channel(events_fd)
 
     def on_term(signum: int, frame: object) -> None:
         raise Terminated()
 
-    watchdog = Watchdog(opts.control_fd)
+    watchdog = Watchdog(control_fd)
     watchdog.start()
     channel.send({"t": "ready", "pid": os.getpid()})
     while True:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import psutil
 
@@ -34,22 +34,19 @@ _MAX_LINE = 64 * 1024
 
 @dataclass(eq=False)
 class Child:
-    proc: subprocess.Popen[bytes]
+    pid: int
     control_fd: int
     events_fd: int
-    pidfd: int
     generation: int
     """Which SIGHUP generation started this child."""
+    returncode: int | None = None
+    """As ``Popen.returncode``: the exit code, or minus the signal that killed it."""
     state: str = "starting"  # starting, idle, busy, retiring, dead
     attempt: Attempt | None = None
     jobs_run: int = 0
     descendants: set[int] = field(default_factory=set)
     reader: FrameReader = field(default_factory=FrameReader)
     _partial: dict[int, bytearray] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     def send(self, msg: Message) -> bool:
         """Send a control message; False when the child is gone."""
@@ -133,6 +130,14 @@ class Child:
         out_log.info("%s %s", self.tag(), text, extra=extra)
 
 
+class Forker(Protocol):
+    """Starts worker processes by forking a warm zygote (``--isolation fresh``)."""
+
+    def fork(self, control_fd: int, events_fd: int, out_fd: int, err_fd: int) -> int: ...
+
+    def watch(self, pid: int, on_exit: Callable[[int], None]) -> None: ...
+
+
 def spawn_child(
     app: str,
     env: dict[str, str],
@@ -140,30 +145,43 @@ def spawn_child(
     loop: asyncio.AbstractEventLoop,
     on_message: Callable[[Child, Message], None],
     on_exit: Callable[[Child], None],
+    forker: Forker | None = None,
 ) -> Child:
-    """Start ``python -m atlantis.child`` (a fresh interpreter: never a fork of this process)."""
+    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a fork of the zygote.
+
+    Never a fork of this process, which has threads and database connections.
+    """
     ctl_r, ctl_w = os.pipe()
     ev_r, ev_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "atlantis.child", "--app", app,
-             "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
-            pass_fds=(ctl_r, ev_w),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-        )
+        if forker is not None:
+            pid = forker.fork(ctl_r, ev_w, out_w, err_w)
+        else:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "atlantis.child", "--app", app,
+                 "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
+                pass_fds=(ctl_r, ev_w),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+                env=env,
+            )
+            pid = proc.pid
+    except BaseException:
+        for fd in (ctl_w, ev_r, out_r, err_r):
+            os.close(fd)
+        raise
     finally:
-        os.close(ctl_r)
-        os.close(ev_w)
-    os.set_inheritable(ctl_w, False)
-    os.set_inheritable(ev_r, False)
-    pidfd = os.pidfd_open(proc.pid)
-    child = Child(proc=proc, control_fd=ctl_w, events_fd=ev_r, pidfd=pidfd, generation=generation)
-    assert proc.stdout is not None and proc.stderr is not None
-    streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        for fd in (ctl_r, ev_w, out_w, err_w):
+            os.close(fd)
+    for fd in (ctl_w, ev_r, out_r, err_r):
+        os.set_inheritable(fd, False)
+    child = Child(pid=pid, control_fd=ctl_w, events_fd=ev_r, generation=generation)
+    streams = {out_r: "stdout", err_r: "stderr"}
 
     def read_events() -> None:
         try:
@@ -198,8 +216,7 @@ def spawn_child(
             return
         child.output(fd, data, streams[fd])
 
-    def exited() -> None:
-        loop.remove_reader(pidfd)
+    def exited(code: int) -> None:
         # Whatever the child wrote before dying is still in the pipes: read it first.
         while True:
             try:
@@ -223,23 +240,32 @@ def spawn_child(
                     break
                 child.output(fd, data, stream)
             child.flush_output(fd, stream)
-        proc.wait()
+        child.returncode = code
         on_exit(child)
         for fd in (ev_r, *streams):
             loop.remove_reader(fd)
+            os.close(fd)
         child.close_control()
-        os.close(ev_r)
-        os.close(pidfd)
-        assert proc.stdout is not None and proc.stderr is not None
-        proc.stdout.close()
-        proc.stderr.close()
+
+    if proc is not None:
+        popen = proc
+        pidfd = os.pidfd_open(pid)
+
+        def reaped() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            exited(popen.wait())
+
+        loop.add_reader(pidfd, reaped)
+    else:
+        assert forker is not None
+        forker.watch(pid, exited)
 
     os.set_blocking(ev_r, False)
     loop.add_reader(ev_r, read_events)
     for fd in streams:
         os.set_blocking(fd, False)
         loop.add_reader(fd, read_output, fd)
-    loop.add_reader(pidfd, exited)
     return child
 
 

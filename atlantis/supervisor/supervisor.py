@@ -28,6 +28,7 @@ from atlantis.supervisor.children import Child, describe_exit, spawn_child
 from atlantis.supervisor.config import SupervisorConfig, lease_margin
 from atlantis.supervisor.db import DatabaseUnavailable, Db
 from atlantis.supervisor.systemd import Notifier
+from atlantis.supervisor.zygote import Zygote, ZygoteGone
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -67,6 +68,8 @@ class Supervisor:
         self._rescuing: asyncio.Task[None] | None = None
         self.crashed = False
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self.zygote: Zygote | None = None
+        self.old_zygotes: list[Zygote] = []
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -173,6 +176,15 @@ class Supervisor:
             child.signal_group(signal.SIGKILL)
         while self.children:
             await self._wait_changed(0.1)
+        zygotes = [z for z in (self.zygote, *self.old_zygotes) if z is not None and not z.dead]
+        for z in zygotes:
+            z.close()
+        exit_deadline = self.loop.time() + 5.0
+        while any(not z.dead for z in zygotes) and self.loop.time() < exit_deadline:
+            await self._wait_changed(0.1)
+        for z in zygotes:
+            if not z.dead:
+                z.kill()
 
     async def _wait_changed(self, timeout: float) -> None:
         self.changed.clear()
@@ -196,10 +208,46 @@ class Supervisor:
         if len(live) < self.cfg.concurrency and self.loop.time() < self.respawn_at:
             self.loop.call_at(self.respawn_at, self._ensure_children)
             return
+        forker: Zygote | None = None
+        if self.cfg.isolation == "fresh":
+            forker = self._current_zygote()
+            if not forker.ready:
+                return  # called again once it is
         for _ in range(self.cfg.concurrency - len(live)):
-            child = spawn_child(self.cfg.app, self.env, self.generation, self.loop,
-                                self._on_message, self._on_exit)
+            try:
+                child = spawn_child(self.cfg.app, self.env, self.generation, self.loop,
+                                    self._on_message, self._on_exit, forker)
+            except ZygoteGone as exc:
+                log.error("could not start a worker: %s", exc)
+                return  # the zygote's exit starts a new one
             self.children.add(child)
+
+    def _current_zygote(self) -> Zygote:
+        """The zygote of this generation, started on first use (``--isolation fresh``)."""
+        z = self.zygote
+        if z is None or z.dead or z.generation != self.generation:
+            if z is not None and not z.dead:
+                self.old_zygotes.append(z)  # it keeps serving its running workers
+            z = Zygote(self.cfg.app, self.env, self.loop, self._ensure_children, self._zygote_died)
+            z.generation = self.generation
+            self.zygote = z
+        return z
+
+    def _zygote_died(self, z: Zygote) -> None:
+        if z in self.old_zygotes:
+            self.old_zygotes.remove(z)
+        if z is self.zygote and not self.draining:
+            self.zygote = None
+            self.failed_starts += 1
+            self.respawn_at = self.loop.time() + min(0.5 * 2 ** (self.failed_starts - 1), 10.0)
+            self.loop.call_at(self.respawn_at, self._ensure_children)
+        self.changed.set()
+
+    def _close_idle_zygotes(self) -> None:
+        """An old generation's zygote closes once its last worker is gone."""
+        for z in list(self.old_zygotes):
+            if not z.watching:
+                z.close()
 
     def _retire(self, child: Child) -> None:
         """Let the child exit once it is idle (EOF on its control pipe ends it)."""
@@ -251,7 +299,7 @@ class Supervisor:
 
     def _on_exit(self, child: Child) -> None:
         self.children.discard(child)
-        code = child.proc.returncode
+        code = child.returncode if child.returncode is not None else -signal.SIGKILL
         a = child.attempt
         if a is not None:
             child.attempt = None
@@ -264,6 +312,7 @@ class Supervisor:
                       child.pid, describe_exit(code), delay)
         child.signal_group(signal.SIGKILL)  # whatever it left behind
         child.state = "dead"
+        self._close_idle_zygotes()
         self._ensure_children()
         self.wake.set()
         self.changed.set()

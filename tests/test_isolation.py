@@ -1,0 +1,56 @@
+"""``--isolation fresh``: a new process per attempt, forked from a warm zygote."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import psutil
+import psycopg
+
+import atlantis
+from tests.conftest import events, wait_for, wait_state
+
+
+def test_fresh_isolation_runs_every_attempt_in_a_new_process(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"f{i}", "value": "x"} for i in range(6)])
+    sup = supervise("--isolation", "fresh", concurrency=2)
+    for job_id in ids:
+        wait_state(db, job_id, "complete")
+    pids = [events(db, f"f{i}")[0][3] for i in range(6)]
+    assert len(set(pids)) == 6
+    assert sup.pid not in pids
+    # Workers are forks of one zygote, not fresh interpreters started by the supervisor.
+    supervisor = psutil.Process(sup.pid)
+    zygotes = [c for c in supervisor.children() if "atlantis.child.zygote" in " ".join(c.cmdline())]
+    assert len(zygotes) == 1
+    workers = zygotes[0].children()
+    assert len(workers) == 2  # warm and waiting for the next attempts
+    sup.stop()
+    assert f"job={ids[0]} attempt=1 echo f0 x" in sup.log()
+    wait_for(lambda: not zygotes[0].is_running() or zygotes[0].status() == psutil.STATUS_ZOMBIE,
+             timeout=10, message="the zygote to exit")
+
+
+def test_fresh_isolation_failures_and_sighup(db: psycopg.Connection[Any], supervise: Any) -> None:
+    crash = atlantis.enqueue(db, "tests.Fail", {"key": "c", "mode": "exit", "code": 3})
+    sup = supervise("--isolation", "fresh", concurrency=1)
+    row = wait_state(db, crash, "dead")
+    assert row["last_error"] == "child exited with code 3"
+    supervisor = psutil.Process(sup.pid)
+
+    def zygote_pids() -> set[int]:
+        return {c.pid for c in supervisor.children() if "atlantis.child.zygote" in " ".join(c.cmdline())}
+
+    before = wait_for(zygote_pids, message="a zygote")
+    long_id = atlantis.enqueue(db, "tests.Sleep", {"key": "h", "seconds": 2.0})
+    wait_for(lambda: events(db, "h"), message="the long attempt to start")
+    sup.signal(signal.SIGHUP)
+    wait_for(lambda: zygote_pids() - before, message="a new zygote after SIGHUP")
+    row = wait_state(db, long_id, "complete")  # finished in its old worker
+    assert row["attempt"] == 1
+    wait_for(lambda: not (zygote_pids() & before), timeout=10, message="the old zygote to retire")
+    after = atlantis.enqueue(db, "tests.Echo", {"key": "after"})
+    wait_state(db, after, "complete")
