@@ -26,8 +26,12 @@ def test_fresh_isolation_runs_every_attempt_in_a_new_process(
     supervisor = psutil.Process(sup.pid)
     zygotes = [c for c in supervisor.children() if "atlantis.child.zygote" in " ".join(c.cmdline())]
     assert len(zygotes) == 1
-    workers = zygotes[0].children()
-    assert len(workers) == 2  # warm and waiting for the next attempts
+
+    def warm_workers() -> bool:
+        live = [w for w in zygotes[0].children() if w.status() != psutil.STATUS_ZOMBIE]
+        return len(live) == 2
+
+    wait_for(warm_workers, message="two warm workers waiting for the next attempts")
     sup.stop()
     assert f"job={ids[0]} attempt=1 echo f0 x" in sup.log()
     wait_for(lambda: not zygotes[0].is_running() or zygotes[0].status() == psutil.STATUS_ZOMBIE,

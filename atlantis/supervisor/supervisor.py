@@ -17,7 +17,6 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from atlantis.protocol.framing import Message
@@ -26,7 +25,7 @@ from atlantis.store.queries import Q
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.children import Child, describe_exit, spawn_child
 from atlantis.supervisor.config import SupervisorConfig, lease_margin
-from atlantis.supervisor.db import DatabaseUnavailable, Db
+from atlantis.supervisor.db import DatabaseUnavailable, Db, Health
 from atlantis.supervisor.systemd import Notifier
 from atlantis.supervisor.zygote import Zygote, ZygoteGone
 from atlantis.units import format_duration
@@ -35,6 +34,8 @@ log = logging.getLogger("atlantis.supervisor")
 
 WORKER_TTL = 30.0
 WORKER_REFRESH = 5.0
+LISTEN_PING = 15.0
+"""A quiet LISTEN connection re-issues its LISTEN this often: a half-open one never errors."""
 
 
 class Supervisor:
@@ -54,9 +55,15 @@ class Supervisor:
         self.failed_starts = 0
         self.respawn_at = 0.0
         self.notifier = Notifier()
-        self.db_claim = Db(config.database_url, "claim")
-        self.db_finish = Db(config.database_url, "finish")
-        self.db_lease = Db(config.database_url, "lease")
+        self.health = Health(on_change=self._health_changed)
+        self.db_claim = Db(config.database_url, "claim", self.health)
+        self.db_finish = Db(config.database_url, "finish", self.health)
+        self.db_lease = Db(config.database_url, "lease", self.health)
+        # Rescue and registration get their own connection: a renewal must never queue
+        # behind them (a lease renewal that waits is a lease that may be lost).
+        self.db_upkeep = Db(config.database_url, "upkeep", self.health)
+        self.db_listen = Db(config.database_url, "listen", self.health)
+        self._writing: list[tuple[Attempt, dict[str, Any]]] = []
         self.env = dict(os.environ)
         self.env.update(ATLANTIS_DATABASE_URL=config.database_url, PYTHONUNBUFFERED="1")
         cwd = os.getcwd()
@@ -106,10 +113,10 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await self.db_lease.fetch(Q.worker_delete, {"id": self.worker_id}, timeout=5)
+            await self.db_upkeep.fetch(Q.worker_delete, {"id": self.worker_id}, timeout=5)
         except DatabaseUnavailable:
             pass
-        for db in (self.db_claim, self.db_finish, self.db_lease):
+        for db in (self.db_claim, self.db_finish, self.db_lease, self.db_upkeep, self.db_listen):
             await db.close()
         self.notifier.close()
         log.info("supervisor %s stopped", self.worker_id)
@@ -194,10 +201,19 @@ class Supervisor:
             pass
 
     def _status(self) -> str:
-        down = [db.role for db in (self.db_claim, self.db_finish, self.db_lease) if db.down_since]
-        db = f", database unreachable ({','.join(down)})" if down else ""
+        db = ""
+        if self.health.down_since is not None:
+            db = (f", database unreachable for {format_duration(round(self.loop.time() - self.health.down_since))}"
+                  f" ({self.health.error})")
         phase = "draining" if self.draining else "serving"
         return f"STATUS={phase} {','.join(self.cfg.queues)}: {len(self.in_flight)}/{self.cfg.concurrency} in flight{db}"
+
+    def _health_changed(self) -> None:
+        """The database became unreachable or reachable again: tell systemd at once."""
+        self.notifier.notify(self._status())
+        if self.health.down_since is None:
+            self.wake.set()  # claim what was enqueued meanwhile (its NOTIFYs may be lost)
+            self.flush_wake.set()
 
     # ---- children -------------------------------------------------------------------------
 
@@ -218,7 +234,7 @@ class Supervisor:
                 child = spawn_child(self.cfg.app, self.env, self.generation, self.loop,
                                     self._on_message, self._on_exit, forker)
             except ZygoteGone as exc:
-                log.error("could not start a worker: %s", exc)
+                log.error("could not start a worker: %s", exc, exc_info=exc.__cause__)
                 return  # the zygote's exit starts a new one
             self.children.add(child)
 
@@ -400,10 +416,12 @@ class Supervisor:
                 continue
             t0 = self.loop.time()
             try:
+                # A claim whose answer is lost may still have claimed rows; nobody renews
+                # them, so they are rescued once their lease ends (at least once, never twice).
                 rows = await self.db_claim.fetch(Q.claim, {
                     "queues": list(self.cfg.queues), "jobs": self.jobs, "limit": len(idle),
                     "worker": self.worker_id,
-                })
+                }, timeout=10)
             except DatabaseUnavailable:
                 backoff = min(max(backoff * 2, 0.1), 2.0)
                 continue
@@ -441,6 +459,9 @@ class Supervisor:
     _flushing = False
 
     async def _finish_loop(self) -> None:
+        # Attempts whose result went out in a statement whose answer was lost: it may have
+        # committed, and then the retry (fenced on the running attempt) matches no row.
+        maybe_written: set[tuple[int, int]] = set()
         while True:
             await self.flush_wake.wait()
             self.flush_wake.clear()
@@ -448,23 +469,51 @@ class Supervisor:
                 continue
             batch, self.results = self.results, []
             self._flushing = True
+            self._writing = batch
             try:
-                rows = await self.db_finish.fetch(Q.finish, self._finish_params(batch))
-            except DatabaseUnavailable:
+                rows = await self.db_finish.fetch(Q.finish, self._finish_params(batch), timeout=10)
+            except DatabaseUnavailable as exc:
+                if exc.sent:
+                    maybe_written.update(a.key for a, _ in batch)
                 self.results = batch + self.results
                 self._flushing = False
-                await asyncio.sleep(0.5)
+                self._writing = []
+                await asyncio.sleep(0.1)  # the connection's backoff paces the retries
                 self.flush_wake.set()
                 continue
             self._flushing = False
+            self._writing = []
             written = {r[0] for r in rows}
-            for a, _ in batch:
-                if a.job_id not in written:
+            for a, result in batch:
+                if a.job_id in written:
+                    maybe_written.discard(a.key)
+                elif a.key in maybe_written:
+                    maybe_written.discard(a.key)
+                    await self._confirm_written(a, result)
+                else:
                     log.warning("%s: result not recorded: the row is no longer this attempt's "
                                 "(lease lost or row changed)", a.tag(),
                                 extra={"job_id": a.job_id, "attempt": a.attempt})
             self.changed.set()
             self.wake.set()
+
+    async def _confirm_written(self, a: Attempt, result: dict[str, Any]) -> None:
+        """After a retry matched no row: was the first try's commit the one that landed?"""
+        spent = 0 if result["outcome"] in ("snooze", "release") else 1
+        try:
+            rows = await self.db_finish.fetch_dicts(Q.job_get, {"id": a.job_id}, timeout=5)
+        except DatabaseUnavailable:
+            rows = []
+        row = rows[0] if rows else None
+        if (row is not None and row["claimed_by"] == self.worker_id and row["state"] != "running"
+                and row["attempt"] == a.attempt - 1 + spent):
+            log.info("%s: result already recorded (now %s) by the try whose answer was lost "
+                     "when the connection broke", a.tag(), row["state"],
+                     extra={"job_id": a.job_id, "attempt": a.attempt})
+        else:
+            log.warning("%s: result not recorded: the row is no longer this attempt's "
+                        "(lease lost or row changed while the database was unreachable)", a.tag(),
+                        extra={"job_id": a.job_id, "attempt": a.attempt})
 
     def _finish_params(self, batch: list[tuple[Attempt, dict[str, Any]]]) -> dict[str, Any]:
         p: dict[str, list[Any]] = {k: [] for k in (
@@ -550,10 +599,14 @@ class Supervisor:
 
     async def _touch(self, batch: list[Attempt]) -> None:
         t0 = self.loop.time()
+        # The renewal must be answered before the first of these attempts is killed for want
+        # of it: a renewal that lands after the kill would only hold the dead row back.
+        budget = min(a.lease_end - lease_margin(a.heartbeat) for a in batch) - t0
+        if budget <= 0:
+            return
         sent = {a.job_id: a.progress if a.progress_dirty else None for a in batch}
         for a in batch:
             a.progress_dirty = False
-        budget = min(a.lease_end - lease_margin(a.heartbeat) for a in batch) - t0
         try:
             rows = await self.db_lease.fetch(Q.touch, {
                 "ids": [a.job_id for a in batch], "attempts": [a.attempt for a in batch],
@@ -561,7 +614,7 @@ class Supervisor:
                 "pcts": [p[0] if (p := sent[a.job_id]) else None for a in batch],
                 "msgs": [p[1] if (p := sent[a.job_id]) else None for a in batch],
                 "worker": self.worker_id,
-            }, timeout=max(budget, 0.5))
+            }, timeout=budget)
         except DatabaseUnavailable:
             for a in batch:
                 if sent[a.job_id] is not None and not a.progress_dirty:
@@ -570,6 +623,8 @@ class Supervisor:
             return
         renewed = {r[0]: r[1] for r in rows}
         for a in batch:
+            if a.lost:
+                continue  # killed while the renewal was on its way; its row is left to expire
             if a.job_id in renewed:
                 a.lease_end = t0 + a.heartbeat
                 a.renewed_at = t0
@@ -587,8 +642,15 @@ class Supervisor:
                 self._stop(a, "lease", sig=signal.SIGKILL)
 
     async def _rescue(self) -> None:
+        # Results of ours still waiting to be written (say, finished during an outage) would
+        # be rescued as "lease expired" and run again: write them first.
+        now = self.loop.time()
+        if any(a.lease_end - lease_margin(a.heartbeat) <= now for a, _ in self.results + self._writing):
+            self.flush_wake.set()
+            return
         try:
-            rows = await self.db_lease.fetch(Q.rescue, {"limit": 1000, "worker": self.worker_id})
+            rows = await self.db_upkeep.fetch(Q.rescue, {"limit": 1000, "worker": self.worker_id},
+                                              timeout=10)
         except DatabaseUnavailable:
             return
         for job_id, state, queue in rows:
@@ -599,7 +661,7 @@ class Supervisor:
 
     async def _register_worker(self) -> None:
         try:
-            await self.db_lease.fetch(Q.worker_upsert, {
+            await self.db_upkeep.fetch(Q.worker_upsert, {
                 "id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": list(self.cfg.queues), "concurrency": self.cfg.concurrency,
                 "in_flight": len(self.in_flight),
@@ -611,22 +673,28 @@ class Supervisor:
     # ---- notifications --------------------------------------------------------------------
 
     async def _listen_loop(self) -> None:
+        """Wake the claim loop on NOTIFY; the poll in the claim loop covers any gap.
+
+        NOTIFYs sent while no session listens are lost, so every new session wakes the claim
+        loop once. The LISTEN is re-issued every LISTEN_PING: it is a no-op for the server
+        and a round trip that proves a quiet connection alive (a half-open one would
+        otherwise swallow notifications forever without an error).
+        """
         queues = set(self.cfg.queues)
+        db = self.db_listen
+        session = db.connects
         while not self.draining:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.cfg.database_url, autocommit=True, connect_timeout=5,
-                    application_name="atlantis-supervise:listen",
-                )
-            except psycopg.OperationalError:
-                await asyncio.sleep(1.0)
+                await db.fetch(Q.listen, timeout=5)
+            except DatabaseUnavailable:
+                await asyncio.sleep(0.1)  # the connection's backoff paces the retries
                 continue
+            if db.connects != session:
+                session = db.connects
+                self.wake.set()  # anything enqueued while we were not listening
             try:
-                async with conn:
-                    await conn.execute(Q.listen)
-                    self.wake.set()  # anything enqueued while we were not listening
-                    async for note in conn.notifies():
-                        if note.payload in queues:
-                            self.wake.set()
-            except psycopg.OperationalError:
-                await asyncio.sleep(0.5)
+                async for payload in db.notifications(LISTEN_PING):
+                    if payload in queues:
+                        self.wake.set()
+            except DatabaseUnavailable:
+                continue

@@ -74,11 +74,10 @@ class Zygote:
         if self.dead or not self.ready:
             raise ZygoteGone("the zygote is not ready")
         try:
+            # The reply comes within milliseconds; exit reports may arrive before it.
+            self._sock.settimeout(FORK_TIMEOUT)
             socket.send_fds(self._sock, [orjson.dumps({"t": "fork"})],
                             [control_fd, events_fd, out_fd, err_fd])
-            # The reply comes within milliseconds; exit reports may arrive before it.
-            self._sock.setblocking(True)
-            self._sock.settimeout(FORK_TIMEOUT)
             while True:
                 data = self._sock.recv(65536)
                 if not data:
@@ -86,7 +85,8 @@ class Zygote:
                 msg = orjson.loads(data)
                 if msg.get("t") == "forked":
                     return int(msg["pid"])
-                self._handle(msg)
+                # Later, not now: handling an exit may start a worker, re-entering fork().
+                self.loop.call_soon(self._handle, msg)
         except OSError as exc:
             self.kill()
             raise ZygoteGone(f"the zygote did not fork: {exc}") from exc
