@@ -45,6 +45,16 @@ def load_app(spec: str | None) -> Registry:
 
 
 def _one_line(exc: BaseException) -> str:
-    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    at = f" ({where[0].filename}:{where[0].lineno})" if where else ""
-    return f"{type(exc).__name__}: {exc}{at}"
+    """``Type: message (file:line)`` on one line, pointing into the app's code.
+
+    Frames of the import machinery (``<frozen importlib._bootstrap>``) say nothing to the
+    user; a SyntaxError has no frame of its own and carries its place instead. Newlines in
+    the message are folded so that a command's error stays one line.
+    """
+    if isinstance(exc, SyntaxError) and exc.filename:
+        text, at = f"{type(exc).__name__}: {exc.msg}", f" ({exc.filename}:{exc.lineno})"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        at = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()) + at

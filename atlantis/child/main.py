@@ -3,8 +3,11 @@
 Two threads: the main thread runs handlers; the watchdog thread owns the control pipe. The
 watchdog enforces the lease on its own: if no renewal arrives before the lease's end minus
 a margin (the supervisor may be paused, swapped out or wedged), it kills this process
-group, so the attempt is dead before any other worker may claim the row. It also kills the
-group when the control pipe reaches EOF (the supervisor died).
+tree, so the attempt is dead before any other worker may claim the row. It also kills the
+tree when the control pipe reaches EOF (the supervisor died), as does the parent-death
+signal. "Tree" means the process group plus every descendant, those that left the group
+with setsid included; as a child subreaper this process also adopts descendants that
+daemonize, so they cannot slip out of the tree either.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import math
 import os
 import queue
+import secrets
 import select
 import signal
 import sys
@@ -36,7 +40,17 @@ from atlantis.protocol.framing import Message
 from atlantis.registry import Registry
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 EXIT_APP_ERROR = 3
+#: Sent by the kernel when the parent dies; real-time, so no library has a use for it.
+PARENT_DEATH_SIGNAL: int | None = (
+    signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None  # Linux only
+)
+#: Environment variable marking every process of a child's tree (see :func:`serve`).
+TREE_VARIABLE = "ATLANTIS_TREE"
+#: Error messages and tracebacks past this size are cut (a 10 MB message would otherwise be
+#: stored, twice, in the row's ``errors`` and ``last_error``).
+MAX_ERROR_CHARS = 64 * 1024
 
 
 class Terminated(BaseException):
@@ -44,19 +58,77 @@ class Terminated(BaseException):
 
 
 def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when the supervisor dies."""
+    """Have the kernel signal this process when its parent (the supervisor) dies.
+
+    The signal is a dedicated real-time one with a handler that kills this process's whole
+    tree, not a bare SIGKILL: SIGKILL would end this process at once and orphan the
+    handler's subprocesses, which nothing would then ever stop. The watchdog's EOF on the
+    control pipe leads to the same sweep; whichever runs first wins.
+    """
+    if PARENT_DEATH_SIGNAL is None:
+        return
+    signal.signal(PARENT_DEATH_SIGNAL, lambda signum, frame: _kill_group())
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux
         pass
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
 
 
+def _adopt_orphans() -> None:
+    """Become a child subreaper (Linux).
+
+    A handler's descendant that daemonizes (setsid plus a double fork) is then re-parented
+    to this process instead of init, so it remains a descendant that the leftover sweep
+    here and the supervisor's kill sweep both find. Orphans that exit are reaped after each
+    attempt (:func:`_reap_zombies`).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_descendants(keep: frozenset[psutil.Process] = frozenset()) -> list[psutil.Process]:
+    """SIGKILL every descendant (those that left our process group with setsid included).
+
+    Repeated a few times, since a process may fork while the sweep runs; ``keep`` spares
+    processes that existed before the attempt (the app's own). Returns what was killed.
+    """
+    killed: list[psutil.Process] = []
+    for _ in range(3):
+        found = [p for p in _descendants() if p not in keep and p not in killed]
+        if not found:
+            break
+        for p in found:
+            try:
+                p.kill()
+                killed.append(p)
+            except psutil.Error:
+                pass
+    return killed
+
+
+def _exit_now(code: int) -> None:
+    """Exit without waiting for threads, output flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _kill_group() -> None:
-    """SIGKILL everything in this process group, this process included."""
-    sys.stderr.flush()
+    """SIGKILL this process's whole tree: descendants outside the group, then the group."""
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _kill_descendants()
     os.killpg(os.getpgid(0), signal.SIGKILL)
     os._exit(1)  # pragma: no cover - not reached
 
@@ -141,32 +213,105 @@ class Watchdog(threading.Thread):
                 self.ctx._cancelled = True
 
 
+def _clip(text: str, head: int, tail: int = 0) -> str:
+    """``text`` cut to about ``head + tail`` characters, saying how much was dropped."""
+    if len(text) <= head + tail:
+        return text
+    note = f" ... [truncated: {len(text)} characters in all] ... "
+    return text[:head] + note + (text[-tail:] if tail else "")
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``__str__`` itself raises."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not crash the child
+        text = f"<unprintable {type(exc).__name__}>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _error(kind: str, message: str, exc: BaseException | None = None) -> dict[str, Any]:
-    tb = "".join(traceback.format_exception(exc)) if exc is not None else None
-    return {"kind": kind, "message": message, "traceback": tb}
+    tb: str | None = None
+    if exc is not None:
+        try:
+            tb = "".join(traceback.format_exception(exc))
+        except Exception:  # same: an unprintable exception still fails cleanly
+            tb = None
+    return {
+        "kind": kind,
+        "message": _clip(message, MAX_ERROR_CHARS),
+        # The frames are at the top, the exception's own text at the bottom: keep both ends.
+        "traceback": _clip(tb, MAX_ERROR_CHARS * 3 // 4, MAX_ERROR_CHARS // 4) if tb else tb,
+    }
 
 
-def _leftovers(watchdog: threading.Thread) -> list[str]:
+class Baseline:
+    """Threads and child processes that existed before the attempt: the app's, not its.
+
+    An app may start a thread or a helper process at import (a metrics exporter, an SDK);
+    that is not work a handler left behind, must not be reported, and must not make every
+    attempt replace the child.
+    """
+
+    def __init__(self) -> None:
+        self.threads = frozenset(threading.enumerate())
+        self.processes = frozenset(_descendants())
+
+
+def _has_children() -> bool:
+    """Whether this process has any child, running or exited, in one cheap system call.
+
+    No child means no descendant at all (as a subreaper, orphans come back to us as
+    children), so the common case skips psutil's scan of every process on the host.
+    """
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _descendants(recursive: bool = True) -> list[psutil.Process]:
+    if not _has_children():
+        return []
+    try:
+        return psutil.Process().children(recursive=recursive)
+    except psutil.Error:
+        return []
+
+
+def _leftovers(watchdog: threading.Thread, baseline: Baseline) -> list[str]:
     """Threads and processes the handler started and left running."""
     found = []
     for t in threading.enumerate():
-        if t is threading.main_thread() or t is watchdog or not t.is_alive():
+        if t is threading.main_thread() or t is watchdog or not t.is_alive() or t in baseline.threads:
             continue
         found.append(f"thread {t.name!r}")
-    for p in psutil.Process().children(recursive=True):
+    for p in _descendants():
+        if p in baseline.processes:
+            continue
         try:
             found.append(f"process {p.pid} ({' '.join(p.cmdline())[:120] or p.name()})")
-        except psutil.Error:
+        except psutil.Error:  # gone, or a zombie: it runs nothing
             continue
     return found
 
 
-def _kill_descendants() -> None:
-    for p in psutil.Process().children(recursive=True):
+def _reap_zombies(baseline: Baseline) -> None:
+    """Reap children that exited (the handler's, or orphans adopted as subreaper).
+
+    Only after the attempt, so a handler that waits for its own subprocess is never robbed
+    of its exit status; never the app's own helpers, which their owners wait for.
+    """
+    for p in _descendants(recursive=False):
+        if p in baseline.processes:
+            continue
         try:
-            p.kill()
-        except psutil.Error:
-            pass
+            if p.status() != psutil.STATUS_ZOMBIE:
+                continue
+            os.waitpid(p.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
 
 
 def run_attempt(
@@ -193,6 +338,8 @@ def run_attempt(
         database_url=msg.get("database_url"),
         _sink=sink,
     )
+    baseline = Baseline()
+    owner = os.getpid()
     watchdog.attempt_started(ctx)
     result: Message = {"t": "done", "job_id": job_id, "outcome": "complete"}
     try:
@@ -213,14 +360,21 @@ def run_attempt(
     except SystemExit as exc:
         result.update(outcome="failed", error=_error("exit", f"handler called sys.exit({exc.code})", exc))
     except BaseException as exc:  # a handler's failure, whatever it is, fails the attempt
-        result.update(outcome="failed", error=_error("exception", f"{type(exc).__name__}: {exc}", exc))
+        result.update(outcome="failed", error=_error("exception", _describe(exc), exc))
     finally:
+        if os.getpid() != owner:
+            # A process the handler forked returned into this loop (os.fork() without
+            # os._exit): it must not report a second result on the shared pipe, nor wait
+            # for work with no watchdog thread (threads do not survive a fork).
+            _exit_now(0)
         ctx.flush()
-    leftovers = _leftovers(watchdog)
+    leftovers = _leftovers(watchdog, baseline)
     if leftovers:
         result["leftovers"] = leftovers
-        _kill_descendants()
+        _kill_descendants(baseline.processes)
         must_exit = True  # threads cannot be killed: replace the process
+    else:
+        _reap_zombies(baseline)
     watchdog.attempt_ended()
     return result, must_exit
 
@@ -253,13 +407,19 @@ def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
     Also the entry point of a worker forked by the zygote, with the app already imported.
     """
     channel = Channel(events_fd)
+    _adopt_orphans()
+    # Every process started from here on inherits this mark: should this process die
+    # before it could clean up (a crash, os._exit, SIGKILL), the supervisor finds by it the
+    # descendants that left the process group and were re-parented away.
+    tree = secrets.token_hex(8)
+    os.environ[TREE_VARIABLE] = tree
 
     def on_term(signum: int, frame: object) -> None:
         raise Terminated()
 
     watchdog = Watchdog(control_fd)
     watchdog.start()
-    channel.send({"t": "ready", "pid": os.getpid()})
+    channel.send({"t": "ready", "pid": os.getpid(), "tree": tree})
     while True:
         # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -273,5 +433,9 @@ def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
             return 0
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         channel.send(result)
+        if result.get("leftovers"):
+            # A leftover thread cannot be stopped, and a normal exit would wait for every
+            # non-daemon one: leave at once (the supervisor starts a replacement).
+            _exit_now(0)
         if must_exit:
             return 0

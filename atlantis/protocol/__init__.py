@@ -9,7 +9,9 @@ supervisor -> child (control pipe)
   {"t": "lease", "job_id", "lease_end"}     lease renewed; lease_end is CLOCK_MONOTONIC
   {"t": "cancel", "job_id"}                 ctx.cancelled becomes true
 child -> supervisor (events pipe)
-  {"t": "ready", "pid"}                     the app imported; waiting for work
+  {"t": "ready", "pid", "tree"}             the app imported; waiting for work. ``tree`` is
+                                            the ATLANTIS_TREE mark its descendants inherit,
+                                            so escaped ones can be found and killed
   {"t": "fatal", "error"}                   the app could not be loaded; the child exits
   {"t": "checkpoint", "job_id", "pct", "msg"}
   {"t": "done", "job_id", "outcome", "error", "delay", "leftovers"}

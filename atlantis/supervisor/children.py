@@ -1,7 +1,9 @@
 """Child processes as the supervisor sees them: start, talk, watch, kill.
 
 Each child leads its own session and process group, so a kill reaches the whole group;
-a psutil sweep then catches descendants that left the group with ``setsid``. Exit is
+a psutil sweep then catches descendants that left the group with ``setsid`` (the child is
+a subreaper, so even daemonized ones stay its descendants), and a child that dies
+mid-attempt has whatever escaped found by the mark it puts in their environment. Exit is
 watched through a pidfd (no pid-reuse race); output and events are read continuously,
 so a chatty child can never fill a pipe and deadlock.
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import psutil
 
+from atlantis.child.main import TREE_VARIABLE
 from atlantis.protocol import FrameReader, ProtocolError, write_frame
 from atlantis.protocol.framing import Message
 
@@ -44,8 +47,12 @@ class Child:
     state: str = "starting"  # starting, idle, busy, retiring, dead
     attempt: Attempt | None = None
     jobs_run: int = 0
-    descendants: set[int] = field(default_factory=set)
+    descendants: set[psutil.Process] = field(default_factory=set)
+    """Descendants seen so far, kept as psutil handles: signalling one checks that its pid
+    was not reused meanwhile, so a long-gone grandchild's number never hits a stranger."""
     reader: FrameReader = field(default_factory=FrameReader)
+    tree: str | None = None
+    """The mark (``ATLANTIS_TREE``) in the environment of every process the child starts."""
     _partial: dict[int, bytearray] = field(default_factory=dict)
 
     def send(self, msg: Message) -> bool:
@@ -65,8 +72,15 @@ class Child:
             self.control_fd = -1
 
     def remember_descendants(self) -> None:
+        """Note the child's current descendants and forget those that are gone.
+
+        Once the child has been reaped its pid may belong to someone else: no lookup then.
+        """
+        self.descendants = {p for p in self.descendants if p.is_running()}
+        if self.returncode is not None:
+            return
         try:
-            self.descendants |= {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+            self.descendants |= set(psutil.Process(self.pid).children(recursive=True))
         except psutil.Error:
             pass
 
@@ -77,18 +91,44 @@ class Child:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        for pid in self.descendants:
+        for p in self.descendants:
             try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
+                p.send_signal(sig)
+            except psutil.Error:
                 pass
 
+    def kill_marked(self) -> list[int]:
+        """SIGKILL every process carrying this child's mark; returns their pids.
+
+        For a child that died mid-attempt, before its own cleanup could run: descendants
+        that left its process group (setsid) were re-parented away and are no longer its
+        descendants, but they still carry the mark in their environment (unless a handler
+        gave them an environment of its own). Reads every process's environment, so it is
+        kept for that rare case.
+        """
+        if not self.tree:
+            return []
+        killed = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(TREE_VARIABLE) == self.tree:
+                    p.kill()
+                    killed.append(p.pid)
+            except psutil.Error:
+                continue
+        return killed
+
     def rss(self) -> int:
-        """Resident memory of the child and its descendants, in bytes."""
+        """Resident memory of the child and its descendants, in bytes.
+
+        The walk also refreshes ``descendants``: should the child crash, a descendant that
+        left its process group is still known and killed with the rest.
+        """
         try:
             proc = psutil.Process(self.pid)
             total = proc.memory_info().rss
             for p in proc.children(recursive=True):
+                self.descendants.add(p)
                 try:
                     total += p.memory_info().rss
                 except psutil.Error:
@@ -201,7 +241,32 @@ def spawn_child(
             child.signal_group(signal.SIGKILL)
             return
         for msg in messages:
+            if msg.get("t") == "ready":
+                child.tree = str(msg.get("tree") or "") or None
+            elif msg.get("t") == "done":
+                # The handler's last output was written before its result: log it while the
+                # attempt is still the child's, so that it carries its job id and attempt,
+                # an unfinished last line (a progress bar, a prompt) included.
+                drain_output()
             on_message(child, msg)
+
+    def drain_output(limit: int = 4 << 20) -> None:
+        """Log what the output pipes hold now, an unfinished last line included.
+
+        Bounded: a leftover process may still be writing.
+        """
+        for fd, stream in streams.items():
+            budget = limit
+            while budget > 0:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                budget -= len(data)
+                child.output(fd, data, stream)
+            child.flush_output(fd, stream)
 
     def read_output(fd: int) -> None:
         try:
@@ -217,7 +282,9 @@ def spawn_child(
         child.output(fd, data, streams[fd])
 
     def exited(code: int) -> None:
-        # Whatever the child wrote before dying is still in the pipes: read it first.
+        # Whatever the child wrote before dying is still in the pipes: read it first, its
+        # output before its events (a result would end the attempt the output belongs to).
+        drain_output()
         while True:
             try:
                 data = os.read(ev_r, 1 << 20)
@@ -230,17 +297,14 @@ def spawn_child(
                     on_message(child, msg)
             except ProtocolError:
                 break
-        for fd, stream in streams.items():
-            while True:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except (BlockingIOError, OSError):
-                    break
-                if not data:
-                    break
-                child.output(fd, data, stream)
-            child.flush_output(fd, stream)
+        drain_output()
         child.returncode = code
+        if child.attempt is not None:  # it died mid-attempt: its own cleanup did not run
+            killed = child.kill_marked()
+            if killed:
+                log.warning("%s: the child died and left processes %s running; killed them",
+                            child.tag(), ", ".join(map(str, killed)),
+                            extra={"job_id": child.attempt.job_id, "attempt": child.attempt.attempt})
         on_exit(child)
         for fd in (ev_r, *streams):
             loop.remove_reader(fd)

@@ -1,95 +1,318 @@
 """The supervisor's connections: reconnect with backoff, bounded waits, outages reported.
 
-Each role (claims, results, leases, LISTEN) has its own connection so that a slow
+Each role (claims, results, leases, upkeep, LISTEN) has its own connection so that a slow
 statement of one never delays another; on one asyncio loop each connection runs one
 statement at a time.
+
+Every call has a deadline that covers everything it waits for: its turn on the
+connection, reconnecting, and the statement itself. A caller that must act by a certain
+time (the lease renewal, which must either succeed or kill the attempt before the lease
+ends) can rely on getting an answer, or :class:`DatabaseUnavailable`, by then. A
+half-open connection (the peer gone without a reset, or a link that holds every byte)
+therefore never blocks a loop for longer than its deadline: an unanswered connection is
+abandoned, not waited for.
+
+Reconnection backs off exponentially with jitter per connection, and the backoff outlives
+a single call, so a loop that retries every tick does not hammer a server that is down
+(nor spin the CPU): a call whose next permitted attempt lies past its deadline waits out
+the deadline and fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
+from collections.abc import AsyncIterator, Callable
 from typing import Any, LiteralString
 
 import psycopg
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
+from psycopg.rows import dict_row
+
+from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
+CONNECT_TIMEOUT = 5.0
+"""The longest a single connection attempt may take (a half-open link never answers)."""
+RETRY_FIRST = 0.05
+RETRY_MAX = 1.0
+"""Reconnection backoff: the first retry comes fast (a restart takes a fraction of a
+second, and leases are renewed every heartbeat/3), the slowest once a second per
+connection, so a supervisor notices a returning server within about a second."""
+STILL_DOWN_EVERY = 30.0
+"""While the database stays unreachable, say so again this often."""
+
 
 class DatabaseUnavailable(Exception):  # noqa: N818 - reads better at the except sites
-    """The statement did not run: the database is unreachable or the connection broke."""
+    """The statement did not complete: the database is unreachable, the connection broke,
+    no answer came in time, or the server refused it for a transient reason.
+
+    ``sent`` tells whether the statement may have reached the server: a write whose
+    answer was lost may have committed all the same.
+    """
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class Health:
+    """Whether the database answers, as seen by every connection of one supervisor.
+
+    One outage is one story in the log ("unreachable", perhaps "still unreachable",
+    "reachable again after ..."), however many connections notice it; ``on_change`` lets
+    the supervisor update its systemd STATUS at once.
+    """
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self.on_change = on_change
+        self.down_since: float | None = None
+        self.error = ""
+        self._said_at = 0.0
+
+    def failed(self, role: str, error: str) -> None:
+        now = asyncio.get_running_loop().time()
+        self.error = error
+        if self.down_since is None:
+            self.down_since = self._said_at = now
+            log.error("database unreachable (%s connection: %s); reconnecting with backoff, "
+                      "attempts whose leases are still valid keep running", role, error)
+            if self.on_change is not None:
+                self.on_change()
+        elif now - self._said_at >= STILL_DOWN_EVERY:
+            self._said_at = now
+            log.error("database still unreachable after %s: %s",
+                      format_duration(round(now - self.down_since)), error)
+
+    def answered(self) -> None:
+        if self.down_since is None:
+            return
+        lasted = asyncio.get_running_loop().time() - self.down_since
+        self.down_since = None
+        self.error = ""
+        log.warning("database reachable again after %.1fs", lasted)
+        if self.on_change is not None:
+            self.on_change()
 
 
 class Db:
-    def __init__(self, url: str, role: str, *, connect_budget: float = 5.0) -> None:
+    """One role's connection; see the module docstring for the waiting rules."""
+
+    def __init__(self, url: str, role: str, health: Health | None = None) -> None:
         self.url = url
         self.role = role
-        self.connect_budget = connect_budget
+        self.health = health if health is not None else Health()
+        self.connects = 0
+        """How many connections this role has opened: a change means a new session."""
+        self.sent_at = 0.0
+        """Loop time just before the latest statement went out. A lease it granted (server
+        ``now()`` + heartbeat) cannot end before ``sent_at`` + heartbeat, however long the
+        call waited for its turn or a connection beforehand."""
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self.down_since: float | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return self._conn is not None and not self._conn.closed and self.down_since is None
-
-    async def connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_delay(self.connect_budget),
-                wait=wait_exponential_jitter(initial=0.05, max=2.0),
-                retry=retry_if_exception_type(psycopg.OperationalError),
-                reraise=True,
-            ):
-                with attempt:
-                    self._conn = await psycopg.AsyncConnection.connect(
-                        self.url, autocommit=True, connect_timeout=5,
-                        application_name=f"atlantis-supervise:{self.role}",
-                        keepalives=1, keepalives_idle=5, keepalives_interval=2,
-                        keepalives_count=3,
-                    )
-        except psycopg.OperationalError as exc:
-            self._mark_down(exc)
-            raise DatabaseUnavailable(str(exc).strip()) from exc
-        if self.down_since is not None:
-            log.warning("database connection %s restored", self.role)
-            self.down_since = None
-        assert self._conn is not None
-        return self._conn
-
-    def _mark_down(self, exc: BaseException) -> None:
-        if self.down_since is None:
-            self.down_since = asyncio.get_running_loop().time()
-            log.error("database connection %s lost: %s", self.role, str(exc).strip() or type(exc).__name__)
-
-    async def reset(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), 1.0)
-            except (TimeoutError, psycopg.Error, OSError):
-                pass
+        self._lock = asyncio.Lock()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._last_error = "not connected yet"
+        self._abandoned: set[asyncio.Task[None]] = set()
 
     async def fetch(
-        self, query: LiteralString, params: dict[str, Any] | None = None, *, timeout: float = 30.0
+        self, query: LiteralString, params: dict[str, Any] | None = None, *, timeout: float = 30.0,
+        transaction: bool = False,
     ) -> list[tuple[Any, ...]]:
-        """Run one statement; rows if it returns any. DatabaseUnavailable if it did not run."""
-        conn = await self.connection()
-        try:
-            async with asyncio.timeout(timeout):
-                cur = await conn.execute(query, params)
-                return await cur.fetchall() if cur.description else []
-        except (psycopg.OperationalError, TimeoutError) as exc:
-            self._mark_down(exc)
-            await self.reset()
-            raise DatabaseUnavailable(str(exc).strip() or "statement timed out") from exc
+        """Run one statement; its rows, if it returns any, within ``timeout`` seconds.
+
+        Raises :class:`DatabaseUnavailable` if it did not complete in time (see there).
+
+        ``transaction``: wrap it in BEGIN ... COMMIT, the COMMIT sent only once the rows are
+        here. For a claim: on a link that holds bytes and delivers them late, an abandoned
+        autocommit claim would still run and take rows for a caller that gave up on them
+        (they would sit until their lease ended, and lose an attempt); in a transaction it
+        is rolled back when its connection goes away without a COMMIT.
+        """
+        rows: list[tuple[Any, ...]] = await self._call(query, params, timeout, dicts=False,
+                                                       transaction=transaction)
+        return rows
+
+    async def fetch_dicts(
+        self, query: LiteralString, params: dict[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> list[dict[str, Any]]:
+        """As :meth:`fetch`, with rows as dicts keyed by column name."""
+        rows: list[dict[str, Any]] = await self._call(query, params, timeout, dicts=True)
+        return rows
+
+    async def notifications(self, period: float) -> AsyncIterator[str]:
+        """Payloads of the NOTIFYs that reach this connection during ``period`` seconds.
+
+        The caller LISTENs first with :meth:`fetch`, and calls again after each period;
+        that statement in between doubles as proof that a quiet connection still lives.
+        """
+        async with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed:
+                raise DatabaseUnavailable(f"{self.role}: not connected")
+            try:
+                async for note in conn.notifies(timeout=period):
+                    yield note.payload
+            except psycopg.OperationalError as exc:
+                await self._lost(conn, exc)
+                raise DatabaseUnavailable(_describe(exc)) from exc
 
     async def close(self) -> None:
-        await self.reset()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._close_quietly(conn)
+        if self._abandoned:  # give abandoned statements a moment to be cancelled cleanly
+            await asyncio.wait(set(self._abandoned), timeout=1.0)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    async def _call(self, query: LiteralString, params: dict[str, Any] | None, timeout: float,
+                    *, dicts: bool, transaction: bool = False) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._lock.acquire()
+        except TimeoutError:
+            # The statement ahead of us is itself bounded and reports the outage if any.
+            raise DatabaseUnavailable(f"{self.role}: the connection stayed busy for "
+                                      f"{format_duration(timeout)}") from None
+        try:
+            conn = await self._connection(deadline)
+            return await self._run(conn, query, params, deadline, dicts=dicts, transaction=transaction)
+        finally:
+            self._lock.release()
+
+    async def _connection(self, deadline: float) -> psycopg.AsyncConnection[Any]:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if self._retry_at >= deadline:
+                # Not allowed to try again in time: wait out the deadline rather than fail at
+                # once, so that callers retrying in a loop are paced by the backoff.
+                await asyncio.sleep(deadline - now)
+                raise DatabaseUnavailable(self._last_error)
+            if self._retry_at > now:
+                await asyncio.sleep(self._retry_at - now)
+            budget = min(CONNECT_TIMEOUT, deadline - loop.time())
+            try:
+                async with asyncio.timeout(budget):
+                    conn = await psycopg.AsyncConnection.connect(
+                        self.url, autocommit=True, connect_timeout=max(2, math.ceil(budget)),
+                        application_name=f"atlantis-supervise:{self.role}",
+                        keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                    )
+            except (psycopg.OperationalError, TimeoutError) as exc:
+                self._last_error = _describe(exc) if str(exc).strip() else "connection attempt timed out"
+                self._failures += 1
+                delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self._failures - 1))
+                self._retry_at = loop.time() + delay * random.uniform(0.5, 1.0)
+                self.health.failed(self.role, self._last_error)
+                if loop.time() >= deadline:
+                    raise DatabaseUnavailable(self._last_error) from exc
+                continue
+            if self._failures:
+                log.info("database connection %s re-established after %d failed attempts",
+                         self.role, self._failures)
+            self._failures = 0
+            self._retry_at = 0.0
+            self._conn = conn
+            self.connects += 1
+            self.health.answered()
+            return conn
+
+    async def _run(self, conn: psycopg.AsyncConnection[Any], query: LiteralString,
+                   params: dict[str, Any] | None, deadline: float, *, dicts: bool,
+                   transaction: bool) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline:  # the wait for our turn used it all: do not start
+            raise DatabaseUnavailable(f"{self.role}: no time left to run the statement")
+        self.sent_at = loop.time()
+        task = asyncio.ensure_future(self._execute(conn, query, params, dicts=dicts,
+                                                   transaction=transaction))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.0))
+        except asyncio.CancelledError:
+            self._abandon(conn, task)
+            raise
+        if not done:
+            self._abandon(conn, task)
+            error = "no answer in time (connection abandoned)"
+            log.info("database connection %s abandoned: no answer in time", self.role)
+            self.health.failed(self.role, error)
+            raise DatabaseUnavailable(error, sent=True)
+        try:
+            result = task.result()
+        except psycopg.OperationalError as exc:
+            if conn.closed or conn.broken:
+                await self._lost(conn, exc)
+                raise DatabaseUnavailable(_describe(exc), sent=True) from exc
+            # The server answered but refused (deadlock, lock or statement timeout, too many
+            # connections...): it is reachable, the statement did not run; callers retry.
+            self.health.answered()
+            log.warning("database %s: %s", self.role, _describe(exc))
+            raise DatabaseUnavailable(_describe(exc)) from exc
+        self.health.answered()
+        return result
+
+    @staticmethod
+    async def _execute(conn: psycopg.AsyncConnection[Any], query: LiteralString,
+                       params: dict[str, Any] | None, *, dicts: bool, transaction: bool) -> Any:
+        cur = conn.cursor(row_factory=dict_row) if dicts else conn.cursor()
+        if not transaction:
+            await cur.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+        async with conn.transaction():
+            await cur.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def _lost(self, conn: psycopg.AsyncConnection[Any], exc: BaseException) -> None:
+        """The connection broke under us: forget it; the next call reconnects.
+
+        Not yet an outage: an idle connection often learns only now that the server
+        restarted a while ago. The database is reported unreachable if reconnecting fails.
+        """
+        if self._conn is conn:
+            self._conn = None
+        self._last_error = _describe(exc)
+        log.info("database connection %s lost: %s", self.role, self._last_error)
+        await self._close_quietly(conn)
+
+    def _abandon(self, conn: psycopg.AsyncConnection[Any], task: asyncio.Future[Any]) -> None:
+        """Stop waiting for a statement: the next call gets a new connection at once.
+
+        Cancelling the statement makes psycopg ask the server to cancel it (which releases
+        its locks if the server is still there) and close the socket; that can take it some
+        seconds on a dead link, so it happens in the background, and the socket is closed
+        only after that task, the one thing still waiting on it, has let go of it.
+        """
+        if self._conn is conn:
+            self._conn = None
+
+        async def bury() -> None:
+            task.cancel()
+            await asyncio.wait({task})  # psycopg bounds its own cancellation (about 10 s)
+            if not task.cancelled() and task.exception() is None:
+                log.warning("database %s: an abandoned statement completed after all; a claim "
+                            "among them leaves rows to be rescued when their lease ends", self.role)
+            await self._close_quietly(conn)
+
+        buried = asyncio.ensure_future(bury())
+        self._abandoned.add(buried)
+        buried.add_done_callback(self._abandoned.discard)
+
+    @staticmethod
+    async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            await asyncio.wait_for(conn.close(), 1.0)
+        except (TimeoutError, psycopg.Error, OSError):
+            pass

@@ -113,7 +113,9 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await self.db_upkeep.fetch(Q.worker_delete, {"id": self.worker_id}, timeout=5)
+            # During an outage, do not hold the stop up for it: the row expires by itself.
+            await self.db_upkeep.fetch(Q.worker_delete, {"id": self.worker_id},
+                                       timeout=1 if self.health.down_since is not None else 5)
         except DatabaseUnavailable:
             pass
         for db in (self.db_claim, self.db_finish, self.db_lease, self.db_upkeep, self.db_listen):
@@ -414,18 +416,19 @@ class Supervisor:
             idle = [c for c in self.children if c.state == "idle"]
             if not idle:
                 continue
-            t0 = self.loop.time()
             try:
-                # A claim whose answer is lost may still have claimed rows; nobody renews
-                # them, so they are rescued once their lease ends (at least once, never twice).
+                # In a transaction: a claim abandoned on a link that delivers it late is
+                # rolled back. Only a COMMIT whose answer is lost leaves rows claimed for
+                # nobody; they are rescued once their lease ends (at least once, never twice).
                 rows = await self.db_claim.fetch(Q.claim, {
                     "queues": list(self.cfg.queues), "jobs": self.jobs, "limit": len(idle),
                     "worker": self.worker_id,
-                }, timeout=10)
+                }, timeout=5, transaction=True)
             except DatabaseUnavailable:
                 backoff = min(max(backoff * 2, 0.1), 2.0)
                 continue
             backoff = 0.0
+            t0 = self.db_claim.sent_at  # not before the wait for a connection: see Db.sent_at
             for row in rows:
                 self._dispatch(row, t0)
             if rows and len(rows) == len(idle):
@@ -622,6 +625,7 @@ class Supervisor:
                     a.progress_since = t0
             return
         renewed = {r[0]: r[1] for r in rows}
+        t0 = self.db_lease.sent_at  # the renewal counts from when it went out, not from before
         for a in batch:
             if a.lost:
                 continue  # killed while the renewal was on its way; its row is left to expire

@@ -1,0 +1,34 @@
+"""Prometheus metrics of one supervisor, served on ``--metrics-port``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "atlantis_attempts_total", "Attempts that ended, by outcome.",
+            ["queue", "job", "outcome"], registry=self.registry)
+        self.duration = Histogram(
+            "atlantis_attempt_duration_seconds", "Wall time of attempts, claim to result.",
+            ["queue", "job"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, 300, 1800, 3600, 7200))
+        self.in_flight = Gauge(
+            "atlantis_in_flight", "Attempts running now.", registry=self.registry)
+        self.children = Gauge(
+            "atlantis_children", "Child processes alive now.", registry=self.registry)
+        self.database_up = Gauge(
+            "atlantis_database_up", "1 while the database answers, 0 during an outage.",
+            registry=self.registry)
+        self.leases_lost = Counter(
+            "atlantis_leases_lost_total", "Attempts stopped because their lease was lost.",
+            registry=self.registry)
+        self.rescued = Counter(
+            "atlantis_rescued_total", "Rows of dead workers this supervisor rescued.",
+            registry=self.registry)
+        self.database_up.set(1)
+
+    def serve(self, port: int, host: str) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
