@@ -67,3 +67,12 @@ def parse_size(text: str) -> int:
     if m.group(2) and m.group(2).upper() == "B":
         unit = ""
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def format_size(n: int) -> str:
+    """A byte count in the units ``parse_size`` reads: 536870912 -> ``512MB``."""
+    for unit, size in (("TB", 1024**4), ("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{n}B"

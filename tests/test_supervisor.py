@@ -524,3 +524,29 @@ def test_max_jobs_per_child_recycles(db: psycopg.Connection[Any], supervise: Any
         wait_state(db, job_id, "complete")
     per_pid = collections.Counter(_fields(e[2])["pid"] for e in events(db, "mj"))
     assert sorted(per_pid.values()) == [1, 2, 2], per_pid
+
+
+def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise: Any) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ok = atlantis.enqueue(db, "tests.Echo", {"key": "m1"})
+    bad = atlantis.enqueue(db, "tests.Fail", {"key": "m2", "mode": "discard"})
+    supervise("--metrics-port", str(port), concurrency=1)
+    wait_state(db, ok, "complete")
+    wait_state(db, bad, "dead")
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    text = wait_for(lambda: (t := scrape()) and 'outcome="discard"' in t and t, message="metrics")
+    assert 'atlantis_attempts_total{job="tests.Echo",outcome="complete",queue="tests"} 1.0' in text
+    assert 'atlantis_attempts_total{job="tests.Fail",outcome="discard",queue="tests"} 1.0' in text
+    assert "atlantis_database_up 1.0" in text

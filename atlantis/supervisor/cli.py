@@ -54,7 +54,9 @@ def _fail(message: str) -> None:
 @click.option("--isolation", type=click.Choice(["reuse", "fresh"]), default="reuse", show_default=True)
 @click.option("--max-jobs-per-child", type=int, default=0, help="Recycle a child after N attempts.")
 @click.option("--max-memory-per-child", default=None, help="e.g. 512MB, 2GB (powers of 1024).")
-@click.option("--metrics-port", type=int, default=None)
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address for the metrics server (0.0.0.0 for remote scraping).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--database-url", default=None, help=f"libpq URL; default ${ENV_URL} or embedded.")
 @click.option("--poll-interval", default="1s", show_default=True, hidden=True)
@@ -64,7 +66,7 @@ def _fail(message: str) -> None:
 def main(
     queues: tuple[str, ...], app: str | None, concurrency: int | None, drain_timeout: str,
     kill_grace: str, isolation: str, max_jobs_per_child: int, max_memory_per_child: str | None,
-    metrics_port: int | None, log_format: str, database_url: str | None, poll_interval: str,
+    metrics_port: int | None, metrics_host: str, log_format: str, database_url: str | None, poll_interval: str,
     rescue_interval: str, startup_timeout: str,
 ) -> None:
     """Claim jobs from QUEUEs and run every attempt in a supervised child process."""
@@ -87,6 +89,7 @@ def main(
             max_jobs_per_child=max_jobs_per_child,
             max_memory_per_child=parse_size(max_memory_per_child) if max_memory_per_child else 0,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
             log_format=log_format,
             poll_interval=parse_duration(poll_interval),
             rescue_interval=parse_duration(rescue_interval),

@@ -28,6 +28,9 @@ class SupervisorConfig:
     max_memory_per_child: int = 0
     """Kill a child whose resident memory (with its descendants) passes this; 0 means no limit."""
     metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (none by default)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics server binds; 0.0.0.0 to let a remote Prometheus scrape it."""
     log_format: str = "text"
     poll_interval: float = 1.0
     """Fallback poll for work when no NOTIFY arrives (also picks up retries whose time came)."""

@@ -26,9 +26,10 @@ from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.children import Child, describe_exit, spawn_child
 from atlantis.supervisor.config import SupervisorConfig, lease_margin
 from atlantis.supervisor.db import DatabaseUnavailable, Db, Health
+from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.systemd import Notifier
 from atlantis.supervisor.zygote import Zygote, ZygoteGone
-from atlantis.units import format_duration
+from atlantis.units import format_duration, format_size
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -55,6 +56,7 @@ class Supervisor:
         self.failed_starts = 0
         self.respawn_at = 0.0
         self.notifier = Notifier()
+        self.metrics = Metrics()
         self.health = Health(on_change=self._health_changed)
         self.db_claim = Db(config.database_url, "claim", self.health)
         self.db_finish = Db(config.database_url, "finish", self.health)
@@ -91,6 +93,9 @@ class Supervisor:
         self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         for _ in self._early_signals:
             self._on_stop_signal()
+        if self.cfg.metrics_port is not None:
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+            log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_host, self.cfg.metrics_port)
         await self._register_worker()
         self._ensure_children()
         log.info(
@@ -147,10 +152,16 @@ class Supervisor:
         self.changed.set()
 
     def _on_hup(self) -> None:
+        """Replace every child with one that imports the app afresh, losing no job.
+
+        Replacements start first; each old idle child retires when a new one is ready, and
+        a busy one after its attempt. If the new code cannot be imported, the old children
+        go on serving while the replacements are retried with backoff.
+        """
         self.generation += 1
         log.info("SIGHUP: replacing children (generation %d)", self.generation)
         for child in list(self.children):
-            if child.state in ("idle", "starting"):
+            if child.state == "starting":
                 self._retire(child)
         self._ensure_children()
 
@@ -160,7 +171,7 @@ class Supervisor:
         log.info("draining: %d attempts in flight, waiting up to %s", len(self.in_flight),
                  format_duration(self.cfg.drain_timeout))
         deadline = self.loop.time() + self.cfg.drain_timeout
-        seen_signals = self.stop_signals
+        seen_signals = min(self.stop_signals, 1)  # two signals before the drain: no wait
         while self.in_flight and self.loop.time() < deadline and self.stop_signals == seen_signals:
             await self._wait_changed(deadline - self.loop.time())
         for a in list(self.in_flight.values()):
@@ -222,7 +233,8 @@ class Supervisor:
     def _ensure_children(self) -> None:
         if self.draining:
             return
-        live = [c for c in self.children if c.state in ("starting", "idle", "busy")]
+        live = [c for c in self.children if c.state in ("starting", "idle", "busy")
+                and c.generation == self.generation]
         if len(live) < self.cfg.concurrency and self.loop.time() < self.respawn_at:
             self.loop.call_at(self.respawn_at, self._ensure_children)
             return
@@ -280,6 +292,11 @@ class Supervisor:
                 self.failed_starts = 0
                 if child.generation != self.generation or self.draining:
                     self._retire(child)
+                else:
+                    old = next((c for c in self.children if c.state == "idle"
+                                and c.generation != self.generation), None)
+                    if old is not None:
+                        self._retire(old)
                 self.wake.set()
         elif kind == "checkpoint":
             a = child.attempt
@@ -343,7 +360,7 @@ class Supervisor:
         if reason == "timeout":
             return self._failure(a, "timeout", f"timeout after {format_duration(a.timeout)}")
         if reason == "memory":
-            return self._failure(a, "memory", f"memory limit ({self.cfg.max_memory_per_child} bytes) exceeded")
+            return self._failure(a, "memory", f"memory limit ({format_size(self.cfg.max_memory_per_child)}) exceeded")
         if reason == "drain":
             return {"outcome": "release"}
         if reason == "cancel":
@@ -378,6 +395,9 @@ class Supervisor:
         self.in_flight.pop(a.job_id, None)
         a.finished = True
         self.changed.set()
+        self.metrics.attempts.labels(a.queue, a.job, "lost" if a.lost else result["outcome"]).inc()
+        if a.started:
+            self.metrics.duration.labels(a.queue, a.job).observe(self.loop.time() - a.started)
         if a.lost:
             log.warning("%s: the lease was lost; its result is not written", a.tag(),
                         extra={"job_id": a.job_id, "attempt": a.attempt})
@@ -541,6 +561,7 @@ class Supervisor:
         last_rescue = 0.0
         last_memory = 0.0
         last_watchdog = 0.0
+        last_in_flight = -1
         while True:
             now = self.loop.time()
             for a in list(self.in_flight.values()):
@@ -556,10 +577,16 @@ class Supervisor:
                     self._rescuing is None or self._rescuing.done()):
                 last_rescue = now
                 self._rescuing = self._spawn(self._rescue(), "rescue")
+            if now - last_worker >= WORKER_REFRESH or len(self.in_flight) != last_in_flight:
+                # STATUS follows the in-flight count, at most once a tick.
+                last_in_flight = len(self.in_flight)
+                self.notifier.notify(self._status())
+                self.metrics.in_flight.set(last_in_flight)
+                self.metrics.children.set(len(self.children))
+                self.metrics.database_up.set(0 if self.health.down_since is not None else 1)
             if now - last_worker >= WORKER_REFRESH:
                 last_worker = now
                 self._spawn(self._register_worker(), "worker")
-                self.notifier.notify(self._status())
             wd = self.notifier.watchdog_interval
             if wd is not None and now - last_watchdog >= wd:
                 last_watchdog = now
@@ -571,6 +598,7 @@ class Supervisor:
             return
         if now >= a.lease_end - lease_margin(a.heartbeat):
             a.lost = True
+            self.metrics.leases_lost.inc()
             log.error("%s: the lease could not be renewed in time; killing the attempt so that "
                       "no other worker runs the row alongside it", a.tag(),
                       extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
@@ -589,8 +617,9 @@ class Supervisor:
                 continue
             rss = a.child.rss()
             if rss > self.cfg.max_memory_per_child:
-                log.warning("%s: child uses %d bytes, over the memory limit; killing it",
-                            a.tag(), rss, extra={"job_id": a.job_id, "attempt": a.attempt})
+                log.warning("%s: child uses %s, over the memory limit of %s; killing it",
+                            a.tag(), format_size(rss), format_size(self.cfg.max_memory_per_child),
+                            extra={"job_id": a.job_id, "attempt": a.attempt})
                 self._stop(a, "memory", sig=signal.SIGKILL)
 
     def _touch_batch(self, now: float) -> list[Attempt]:
@@ -640,6 +669,7 @@ class Supervisor:
                     self._stop(a, "cancel")
             elif not a.finished and not a.lost:
                 a.lost = True
+                self.metrics.leases_lost.inc()
                 log.error("%s: the lease is gone (the row was rescued or changed); killing the "
                           "attempt, nothing of it will be written", a.tag(),
                           extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
@@ -657,6 +687,7 @@ class Supervisor:
                                               timeout=10)
         except DatabaseUnavailable:
             return
+        self.metrics.rescued.inc(len(rows))
         for job_id, state, queue in rows:
             log.warning("job=%s: lease expired, its worker presumed dead; now %s", job_id, state,
                         extra={"job_id": job_id, "queue": queue})
