@@ -597,12 +597,8 @@ class Supervisor:
         if a.lost:
             return
         if now >= a.lease_end - lease_margin(a.heartbeat):
-            a.lost = True
-            self.metrics.leases_lost.inc()
-            log.error("%s: the lease could not be renewed in time; killing the attempt so that "
-                      "no other worker runs the row alongside it", a.tag(),
-                      extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
-            self._stop(a, "lease", sig=signal.SIGKILL)
+            self._lose(a, "the lease could not be renewed in time; killing the attempt so that "
+                          "no other worker runs the row alongside it")
             return
         if a.stop_reason is None and a.child is not None and now >= a.started + a.timeout:
             log.warning("%s: timeout after %s; terminating it", a.tag(), format_duration(a.timeout),
@@ -610,6 +606,14 @@ class Supervisor:
             self._stop(a, "timeout")
         if a.term_sent_at is not None and not a.killed and now >= a.term_sent_at + self.cfg.kill_grace:
             self._stop(a, a.stop_reason or "timeout", sig=signal.SIGKILL)
+
+    def _lose(self, a: Attempt, why: str) -> None:
+        """The attempt no longer owns its row: kill it at once; nothing more is written."""
+        a.lost = True
+        self.metrics.leases_lost.inc()
+        log.error("%s: %s", a.tag(), why,
+                  extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
+        self._stop(a, "lease", sig=signal.SIGKILL)
 
     def _check_memory(self) -> None:
         for a in list(self.in_flight.values()):
@@ -668,12 +672,8 @@ class Supervisor:
                              extra={"job_id": a.job_id, "attempt": a.attempt})
                     self._stop(a, "cancel")
             elif not a.finished and not a.lost:
-                a.lost = True
-                self.metrics.leases_lost.inc()
-                log.error("%s: the lease is gone (the row was rescued or changed); killing the "
-                          "attempt, nothing of it will be written", a.tag(),
-                          extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
-                self._stop(a, "lease", sig=signal.SIGKILL)
+                self._lose(a, "the lease is gone (the row was rescued or changed); killing the "
+                              "attempt, nothing of it will be written")
 
     async def _rescue(self) -> None:
         # Results of ours still waiting to be written (say, finished during an outage) would
