@@ -58,3 +58,19 @@ def test_fresh_isolation_failures_and_sighup(db: psycopg.Connection[Any], superv
     wait_for(lambda: not (zygote_pids() & before), timeout=10, message="the old zygote to retire")
     after = atlantis.enqueue(db, "tests.Echo", {"key": "after"})
     wait_state(db, after, "complete")
+
+
+def test_fresh_isolation_falls_back_to_new_interpreters_for_threaded_apps(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    # tests.apps.process starts a thread at import: forking it would copy a half-alive thread.
+    ids = atlantis.enqueue_many(db, "proc.Noop", [{"key": f"t{i}"} for i in range(3)])
+    sup = supervise("--isolation", "fresh", app="tests.apps.process:registry", queues=("proc",),
+                    concurrency=1)
+    for job_id in ids:
+        wait_state(db, job_id, "complete")
+    pids = {events(db, f"t{i}")[0][3] for i in range(3)}
+    assert len(pids) == 3
+    assert all(psutil.Process(sup.pid).pid != p for p in pids)
+    sup.stop()
+    assert "starts threads at import (app-background)" in sup.log()

@@ -17,6 +17,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 
 import orjson
 
@@ -85,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if threads:
+        # A fork copies only the forking thread: locks the others hold stay locked forever.
+        _send(sock, {"t": "unsafe", "reason": f"the app starts threads at import ({', '.join(threads)})"})
+        return 0
     _send(sock, {"t": "ready", "pid": os.getpid()})
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)

@@ -78,6 +78,7 @@ class Supervisor:
         self.crashed = False
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.zygote: Zygote | None = None
+        self.fork_unsafe: str | None = None
         self.old_zygotes: list[Zygote] = []
 
     # ---- life cycle -----------------------------------------------------------------------
@@ -239,7 +240,7 @@ class Supervisor:
             self.loop.call_at(self.respawn_at, self._ensure_children)
             return
         forker: Zygote | None = None
-        if self.cfg.isolation == "fresh":
+        if self.cfg.isolation == "fresh" and self.fork_unsafe is None:
             forker = self._current_zygote()
             if not forker.ready:
                 return  # called again once it is
@@ -266,6 +267,14 @@ class Supervisor:
     def _zygote_died(self, z: Zygote) -> None:
         if z in self.old_zygotes:
             self.old_zygotes.remove(z)
+        if z.unsafe is not None:
+            # Still a new process per attempt, each a fresh interpreter: slower, but safe.
+            self.fork_unsafe = z.unsafe
+            log.warning("--isolation fresh: %s, so workers cannot be forked from a zygote; "
+                        "starting a new interpreter for every attempt instead", z.unsafe)
+            self.zygote = None
+            self._ensure_children()
+            return
         if z is self.zygote and not self.draining:
             self.zygote = None
             self.failed_starts += 1

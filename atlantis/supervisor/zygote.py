@@ -36,6 +36,8 @@ class Zygote:
         self.generation = 0
         self.ready = False
         self.dead = False
+        self.unsafe: str | None = None
+        """Why forking this app is unsafe (it has threads after import), if it is."""
         self._on_ready = on_ready
         self._on_dead = on_dead
         self._watchers: dict[int, Callable[[int], None]] = {}
@@ -126,6 +128,8 @@ class Zygote:
                 watcher(code)
         elif kind == "fatal":
             log.error("the zygote could not load the app: %s", msg.get("error"))
+        elif kind == "unsafe":
+            self.unsafe = str(msg.get("reason"))
 
     def _read_messages(self) -> None:
         while True:
