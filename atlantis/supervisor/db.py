@@ -23,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
+from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from atlantis.units import format_duration
 
@@ -41,6 +41,8 @@ RETRY_MAX = 1.0
 """Reconnection backoff: the first retry comes fast (a restart takes a fraction of a
 second, and leases are renewed every heartbeat/3), the slowest once a second per
 connection, so a supervisor notices a returning server within about a second."""
+_BACKOFF = wait_random_exponential(multiplier=RETRY_FIRST, max=RETRY_MAX)
+_RETRYING = Retrying(wait=_BACKOFF)
 STILL_DOWN_EVERY = 30.0
 """While the database stays unreachable, say so again this often."""
 
@@ -214,8 +216,7 @@ class Db:
             except (psycopg.OperationalError, TimeoutError) as exc:
                 self._last_error = _describe(exc) if str(exc).strip() else "connection attempt timed out"
                 self._failures += 1
-                delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self._failures - 1))
-                self._retry_at = loop.time() + delay * random.uniform(0.5, 1.0)
+                self._retry_at = loop.time() + self._backoff()
                 self.health.failed(self.role, self._last_error)
                 if loop.time() >= deadline:
                     raise DatabaseUnavailable(self._last_error) from exc
@@ -229,6 +230,12 @@ class Db:
             self.connects += 1
             self.health.answered()
             return conn
+
+    def _backoff(self) -> float:
+        """tenacity's exponential backoff with full jitter, for the failures so far."""
+        state = RetryCallState(_RETRYING, None, (), {})
+        state.attempt_number = self._failures
+        return float(_BACKOFF(state))
 
     async def _run(self, conn: psycopg.AsyncConnection[Any], query: LiteralString,
                    params: dict[str, Any] | None, deadline: float, *, dicts: bool,
