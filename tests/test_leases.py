@@ -338,3 +338,14 @@ def test_supervisor_kills_the_attempt_when_it_cannot_renew_in_time(
     row = wait_state(db, job_id, "running", "available", "complete", timeout=10)
     assert row["errors"] == [] or row["errors"][0]["kind"] == "lease_expired"
     assert [e for e in events(db, "w") if e[2] == "finished" and e[1] == 1] == []
+
+
+def test_release_orphans_gives_back_rows_nobody_received(db: psycopg.Connection[Any]) -> None:
+    ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": "o1"}, {"key": "o2"}])
+    _claim(db, "w1")
+    released = db.execute(Q.release_orphans, {"worker": "w1", "known": [ids[0]]}).fetchall()
+    assert released == [(ids[1],)]
+    row = job_row(db, ids[1])
+    assert row["state"] == "available" and row["attempt"] == 0 and row["errors"] == []
+    assert job_row(db, ids[0])["state"] == "running"
+    assert db.execute(Q.release_orphans, {"worker": "w2", "known": []}).fetchall() == []

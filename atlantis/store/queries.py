@@ -30,6 +30,7 @@ class Queries:
     job_cancel: LiteralString
     notify_queue: LiteralString
     queue_stats: LiteralString
+    release_orphans: LiteralString
 
     def __init__(self, text: str) -> None:
         parts = _HEADER.split(text)

@@ -190,3 +190,12 @@ SELECT queue,
   FROM atlantis.jobs
  GROUP BY queue
  ORDER BY queue
+
+-- name: release_orphans
+-- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
+-- lost): no child runs them. Give them back at once without spending the attempt, rather
+-- than let them wait for their lease to expire and be rescued as a failure.
+UPDATE atlantis.jobs
+   SET state = 'available', attempt = attempt - 1, run_at = now(), claimed_until = NULL
+ WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
+RETURNING id

@@ -79,6 +79,7 @@ class Supervisor:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.zygote: Zygote | None = None
         self.fork_unsafe: str | None = None
+        self.lost_ids: set[int] = set()
         self.old_zygotes: list[Zygote] = []
 
     # ---- life cycle -----------------------------------------------------------------------
@@ -432,6 +433,7 @@ class Supervisor:
 
     async def _claim_loop(self) -> None:
         backoff = 0.0
+        orphans_possible = False
         while not self.draining:
             if backoff:
                 await asyncio.sleep(backoff)
@@ -442,18 +444,26 @@ class Supervisor:
             self.wake.clear()
             if self.draining:
                 return
+            if orphans_possible:
+                try:
+                    await self._release_orphans()
+                    orphans_possible = False
+                except DatabaseUnavailable:
+                    backoff = min(max(backoff * 2, 0.1), 2.0)
+                    continue
             idle = [c for c in self.children if c.state == "idle"]
             if not idle:
                 continue
             try:
                 # In a transaction: a claim abandoned on a link that delivers it late is
                 # rolled back. Only a COMMIT whose answer is lost leaves rows claimed for
-                # nobody; they are rescued once their lease ends (at least once, never twice).
+                # nobody; the next round gives those back (_release_orphans).
                 rows = await self.db_claim.fetch(Q.claim, {
                     "queues": list(self.cfg.queues), "jobs": self.jobs, "limit": len(idle),
                     "worker": self.worker_id,
                 }, timeout=5, transaction=True)
-            except DatabaseUnavailable:
+            except DatabaseUnavailable as exc:
+                orphans_possible = orphans_possible or exc.sent
                 backoff = min(max(backoff * 2, 0.1), 2.0)
                 continue
             backoff = 0.0
@@ -462,6 +472,18 @@ class Supervisor:
                 self._dispatch(row, t0)
             if rows and len(rows) == len(idle):
                 self.wake.set()  # more work may be waiting
+
+    async def _release_orphans(self) -> None:
+        """Give back rows claimed by a claim whose answer never arrived (see the query)."""
+        # Lost attempts did run: their rows are left to be rescued as failures, not released.
+        known = [*self.in_flight, *(a.job_id for a, _ in self.results + self._writing),
+                 *self.lost_ids]
+        rows = await self.db_claim.fetch(Q.release_orphans,
+                                         {"worker": self.worker_id, "known": known}, timeout=5)
+        if rows:
+            log.warning("released %d rows claimed by a claim whose answer was lost: %s",
+                        len(rows), ", ".join(str(r[0]) for r in rows))
+            self.wake.set()
 
     def _dispatch(self, row: tuple[Any, ...], t0: float) -> None:
         job_id, job, queue, args, attempt, max_attempts, timeout, heartbeat, deadline = row
@@ -619,6 +641,7 @@ class Supervisor:
     def _lose(self, a: Attempt, why: str) -> None:
         """The attempt no longer owns its row: kill it at once; nothing more is written."""
         a.lost = True
+        self.lost_ids.add(a.job_id)
         self.metrics.leases_lost.inc()
         log.error("%s: %s", a.tag(), why,
                   extra={"job_id": a.job_id, "attempt": a.attempt, "queue": a.queue})
