@@ -129,3 +129,19 @@ def test_async_enqueue_twins(db_url: str) -> None:
     one, many = asyncio.run(go())
     with psycopg.connect(db_url) as conn:
         assert [job_row(conn, i)["args"]["key"] for i in (one, *many)] == ["x", "y", "z"]
+
+
+def test_unknown_queue_exits_1(db_url: str) -> None:
+    for args in (("job", "list", "--queue", "nope"), ("dlq", "list", "--queue", "nope")):
+        out = tide(db_url, *args, check=False)
+        assert out.returncode == 1 and "unknown queue 'nope'" in out.stderr and out.stdout == ""
+    assert tide(db_url, "job", "list", "--queue", "typed").returncode == 0  # declared, no jobs yet
+
+
+def test_watch_follows_a_job_until_it_finishes(db: psycopg.Connection[Any], db_url: str,
+                                               supervise: Any) -> None:
+    job_id = atlantis.enqueue(db, "tests.Sleep", {"key": "watch", "seconds": 1.5, "checkpoint": True})
+    supervise(concurrency=1)
+    out = tide(db_url, "job", "watch", str(job_id), "--interval", "200ms")
+    assert "running" in out.stdout and "sleeping" in out.stdout
+    assert "state     complete" in out.stdout

@@ -81,6 +81,15 @@ def _get_job(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     return row
 
 
+def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
+    """A queue nothing is declared on and no job ever used is a typo: say so."""
+    if queue is None:
+        return
+    row = conn.execute(Q.queue_known, {"queue": queue}).fetchone()
+    if not (row and row[0]):
+        _fail(f"unknown queue {queue!r}: no declaration or job uses it")
+
+
 # ---- job --------------------------------------------------------------------------------
 
 @main.group()
@@ -135,6 +144,7 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
 def job_list(ctx: click.Context, queue: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """Recent jobs, newest first."""
     with _connect(ctx) as conn:
+        _check_queue(conn, queue)
         rows = conn.cursor(row_factory=dict_row).execute(
             Q.job_list, {"queue": queue, "state": state, "limit": limit}).fetchall()
     if as_json:
@@ -217,6 +227,7 @@ def dlq() -> None:
 def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead jobs, newest first."""
     with _connect(ctx) as conn:
+        _check_queue(conn, queue)
         rows = conn.cursor(row_factory=dict_row).execute(
             Q.job_list, {"queue": queue, "state": "dead", "limit": limit}).fetchall()
     if as_json:

@@ -31,6 +31,7 @@ class Queries:
     notify_queue: LiteralString
     queue_stats: LiteralString
     release_orphans: LiteralString
+    queue_known: LiteralString
 
     def __init__(self, text: str) -> None:
         parts = _HEADER.split(text)

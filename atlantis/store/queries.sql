@@ -199,3 +199,7 @@ UPDATE atlantis.jobs
    SET state = 'available', attempt = attempt - 1, run_at = now(), claimed_until = NULL
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
 RETURNING id
+
+-- name: queue_known
+SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM atlantis.jobs WHERE queue = %(queue)s)
