@@ -349,3 +349,17 @@ def test_release_orphans_gives_back_rows_nobody_received(db: psycopg.Connection[
     assert row["state"] == "available" and row["attempt"] == 0 and row["errors"] == []
     assert job_row(db, ids[0])["state"] == "running"
     assert db.execute(Q.release_orphans, {"worker": "w2", "known": []}).fetchall() == []
+
+
+def test_claim_orders_by_priority_across_queues(db: psycopg.Connection[Any]) -> None:
+    low = atlantis.enqueue(db, "tests.Echo", {"key": "low"}, priority=5)
+    other = atlantis.enqueue(db, "tests.Echo", {"key": "other"}, queue="second", priority=-1)
+    high = atlantis.enqueue(db, "tests.Echo", {"key": "high"}, priority=0)
+    later = atlantis.enqueue(db, "tests.Echo", {"key": "later"}, priority=-9, delay=3600)
+    rows = db.execute(Q.claim, {"queues": ["tests", "second"], "jobs": ["tests.Echo"],
+                                "limit": 2, "worker": "w1"}).fetchall()
+    assert [r[0] for r in rows] == [other, high]
+    rows = db.execute(Q.claim, {"queues": ["tests", "second"], "jobs": ["tests.Echo"],
+                                "limit": 5, "worker": "w1"}).fetchall()
+    assert [r[0] for r in rows] == [low]  # the delayed one waits for its run_at
+    assert job_row(db, later)["state"] == "available"

@@ -20,13 +20,21 @@ ON CONFLICT (job) DO UPDATE SET
 
 -- name: claim
 -- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
+-- One index-ordered scan per queue (queue = one value, so jobs_fetch_idx returns rows in
+-- order and the LIMIT stops it early); `queue = ANY(...)` would sort every waiting row.
 WITH picked AS MATERIALIZED (
-    SELECT id FROM atlantis.jobs
-     WHERE state = 'available' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
-       AND job = ANY(%(jobs)s::text[])
-     ORDER BY priority, run_at, id
+    SELECT j.id
+      FROM unnest(%(queues)s::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM atlantis.jobs
+             WHERE state = 'available' AND queue = q.name AND run_at <= now()
+               AND job = ANY(%(jobs)s::text[])
+             ORDER BY priority, run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED
+           ) j
+     ORDER BY j.priority, j.run_at, j.id
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
 )
 UPDATE atlantis.jobs j
    SET state = 'running', attempt = j.attempt + 1, claimed_by = %(worker)s,
