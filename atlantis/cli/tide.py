@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, LiteralString, NoReturn
 
 import click
 import orjson
@@ -143,14 +143,9 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
 @click.pass_context
 def job_list(ctx: click.Context, queue: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """Recent jobs, newest first."""
-    with _connect(ctx) as conn:
-        _check_queue(conn, queue)
-        rows = conn.cursor(row_factory=dict_row).execute(
-            Q.job_list, {"queue": queue, "state": state, "limit": limit}).fetchall()
-    if as_json:
-        _dump(rows)
-        return
-    _table(rows, ["id", "job", "queue", "state", "attempt", "progress_pct", "progress_msg", "last_error"])
+    rows = _rows(ctx, Q.job_list, {"queue": queue, "state": state, "limit": limit}, queue=queue)
+    _show(rows, as_json, ["id", "job", "queue", "state", "attempt", "progress_pct",
+                          "progress_msg", "last_error"])
 
 
 @job.command("enqueue")
@@ -226,14 +221,8 @@ def dlq() -> None:
 @click.pass_context
 def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead jobs, newest first."""
-    with _connect(ctx) as conn:
-        _check_queue(conn, queue)
-        rows = conn.cursor(row_factory=dict_row).execute(
-            Q.job_list, {"queue": queue, "state": "dead", "limit": limit}).fetchall()
-    if as_json:
-        _dump(rows)
-        return
-    _table(rows, ["id", "job", "queue", "attempt", "finished_at", "last_error"])
+    rows = _rows(ctx, Q.job_list, {"queue": queue, "state": "dead", "limit": limit}, queue=queue)
+    _show(rows, as_json, ["id", "job", "queue", "attempt", "finished_at", "last_error"])
 
 
 @main.group()
@@ -246,13 +235,9 @@ def queue() -> None:
 @click.pass_context
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
     """Per queue: counts by state, oldest waiting age, completions in the last minute."""
-    with _connect(ctx) as conn:
-        rows = conn.cursor(row_factory=dict_row).execute(Q.queue_stats).fetchall()
-    if as_json:
-        _dump(rows)
-        return
-    _table(rows, ["queue", "available", "running", "complete", "dead", "cancelled",
-                  "oldest_waiting_seconds", "completed_last_minute"])
+    _show(_rows(ctx, Q.queue_stats), as_json,
+          ["queue", "available", "running", "complete", "dead", "cancelled",
+           "oldest_waiting_seconds", "completed_last_minute"])
 
 
 @main.group()
@@ -265,12 +250,24 @@ def worker() -> None:
 @click.pass_context
 def worker_list(ctx: click.Context, as_json: bool) -> None:
     """Live supervisors: host, pid, queues, in-flight."""
+    _show(_rows(ctx, Q.worker_list), as_json, ["id", "host", "pid", "queues", "concurrency",
+                                               "in_flight", "status", "seen_at"])
+
+
+def _rows(ctx: click.Context, query: LiteralString, params: dict[str, Any] | None = None, *,
+          queue: str | None = None) -> list[dict[str, Any]]:
+    """Rows of one listing query; an unknown ``queue`` ends the command with exit 1."""
     with _connect(ctx) as conn:
-        rows = conn.cursor(row_factory=dict_row).execute(Q.worker_list).fetchall()
+        _check_queue(conn, queue)
+        return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+
+
+def _show(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
+    """One JSON document of the rows, or a table of ``columns`` for a person."""
     if as_json:
         _dump(rows)
-        return
-    _table(rows, ["id", "host", "pid", "queues", "concurrency", "in_flight", "status", "seen_at"])
+    else:
+        _table(rows, columns)
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
