@@ -78,10 +78,16 @@ def url_for(admin_url: str, dbname: str) -> str:
 
 @pytest.fixture(scope="session")
 def template_db(admin_url: str) -> str:
+    prepare_template(admin_url, TEMPLATE)
+    return TEMPLATE
+
+
+def prepare_template(admin_url: str, name: str) -> None:
+    """Create database ``name``: migrated, the test apps synced, the events table made."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
-        conn.execute(f"CREATE DATABASE {TEMPLATE}")
-    with psycopg.connect(url_for(admin_url, TEMPLATE)) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    with psycopg.connect(url_for(admin_url, name)) as conn:
         migrate(conn)
         for app in SYNCED_APPS:
             sync(conn, list(load_app(app).decls.values()))
@@ -89,7 +95,6 @@ def template_db(admin_url: str) -> str:
 
         conn.execute(EVENTS_DDL)
         conn.commit()
-    return TEMPLATE
 
 
 @pytest.fixture

@@ -29,9 +29,15 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.app import load_app
-from atlantis.store import migrate, sync
-from tests.conftest import SYNCED_APPS, TEST_APP, Supervisor, job_row, url_for, wait_for, wait_state
+from tests.conftest import (
+    TEST_APP,
+    Supervisor,
+    job_row,
+    prepare_template,
+    url_for,
+    wait_for,
+    wait_state,
+)
 from tests.proxy import Proxy, upstream_socket
 
 # ---- fixtures -------------------------------------------------------------------------------
@@ -85,16 +91,7 @@ def own_server() -> Iterator[OwnServer]:
     own = OwnServer(pgdata=Path(server.pgdata), socket_dir=str(psycopg.conninfo.conninfo_to_dict(admin_url)["host"]),
                     log=Path(server.log), system_user=server.system_user, admin_url=admin_url)
     try:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {own.template}")
-        with psycopg.connect(url_for(admin_url, own.template)) as conn:
-            migrate(conn)
-            for app in SYNCED_APPS:
-                sync(conn, list(load_app(app).decls.values()))
-            from tests.apps.basic import EVENTS_DDL
-
-            conn.execute(EVENTS_DDL)
-            conn.commit()
+        prepare_template(admin_url, own.template)
         yield own
     finally:
         # pgserver remembers the postmaster it started; after a restart that one is gone and
@@ -238,6 +235,14 @@ def _then_new_work_runs(conn: psycopg.Connection[Any], key: str) -> None:
 # ---- PostgreSQL restarted -------------------------------------------------------------------
 
 
+def _assert_survived_outage(sup: Supervisor) -> None:
+    """Still running, and its log tells the outage: a lost connection, then recovery."""
+    assert _alive(sup)
+    log = sup.log()
+    assert "connection lease lost" in log, log
+    assert "database unreachable" in log and "database reachable again" in log, log
+
+
 def test_restart_shorter_than_the_lease_keeps_the_attempts(
     own_server: OwnServer, own_db: str, start: Callable[..., Supervisor]
 ) -> None:
@@ -260,11 +265,8 @@ def test_restart_shorter_than_the_lease_keeps_the_attempts(
         # The very children that started the attempts finished them.
         assert {e[3] for e in _events(conn) if e[2] == "finished"} == {e[3] for e in started}
         _then_new_work_runs(conn, "after-restart")
-    assert _alive(sup)
-    log = sup.log()
     # The renewals went on over a new connection: the old one died with the server.
-    assert "connection lease lost" in log, log
-    assert "database unreachable" in log and "database reachable again" in log, log
+    _assert_survived_outage(sup)
 
 
 def test_outage_longer_than_the_lease_stops_the_attempts_and_reruns_them(
@@ -344,10 +346,7 @@ def test_connections_cut_briefly_lose_and_duplicate_nothing(
     row = wait_state(db, waiting, "complete", "dead", timeout=20)
     assert (row["state"], row["attempt"], row["errors"]) == ("complete", 1, []), row
     _then_new_work_runs(db, "after-cut")
-    assert _alive(sup)
-    log = sup.log()
-    assert "connection lease lost" in log, log
-    assert "database unreachable" in log and "database reachable again" in log, log
+    _assert_survived_outage(sup)
 
 
 def test_half_open_connections_are_noticed_and_unrenewable_leases_stop_their_attempts(
