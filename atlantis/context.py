@@ -16,12 +16,14 @@ CHECKPOINT_INTERVAL = 0.2
 ProgressSink = Callable[[float, str], None]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class JobContext:
     """The attempt a handler is running.
 
     ``cancelled`` turns true once cancellation or a shutdown reached this attempt; a
     handler that checks it can stop early (it is killed after the grace period anyway).
+    Its ``repr`` names the job and the attempt only: ``database_url`` (which may hold a
+    password) never appears in a log line or a traceback's locals.
     """
 
     job_id: int
@@ -31,11 +33,15 @@ class JobContext:
     max_attempts: int
     deadline: datetime
     logger: logging.Logger
-    database_url: str | None = None
+    database_url: str | None = field(default=None, repr=False)
     _sink: ProgressSink | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
+
+    def __repr__(self) -> str:
+        return (f"JobContext(job={self.job!r}, job_id={self.job_id!r}, "
+                f"attempt={self.attempt!r}, queue={self.queue!r})")
 
     @property
     def cancelled(self) -> bool:
@@ -45,9 +51,9 @@ class JobContext:
         """Report progress; never raises. Returns the error that kept it from being sent."""
         try:
             value = float(pct)
-        except (TypeError, ValueError) as exc:
+            text = msg if type(msg) is str else str(msg)
+        except Exception as exc:  # a broken __float__ or __str__ is the handler's, not ours
             return exc
-        text = msg if isinstance(msg, str) else str(msg)
         now = time.monotonic()
         if now - self._last_sent < CHECKPOINT_INTERVAL:
             self._pending = (value, text)

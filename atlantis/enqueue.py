@@ -3,14 +3,21 @@
 The rows are written by ``atlantis.enqueue_many`` in SQL, which validates the arguments
 against the declarations stored in the database: the same rules as for SQL callers and
 ``tide job enqueue``. These functions never commit.
+
+Arguments are sent as JSON written by orjson. ``decimal.Decimal`` values (what a handler
+gets for a ``numeric`` field) are written digit for digit, and so are integers beyond 64
+bits; NaN and infinities, which JSON cannot carry, are refused here with the field named.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
@@ -20,6 +27,17 @@ from atlantis.store.queries import Q
 
 UNKNOWN_JOB = "ATL01"
 INVALID_ARGS = "ATL02"
+
+# The database refuses numbers longer than 4000 characters and jsonb nested deeper than 64
+# levels (migration 0003). Python only refuses, with the same message, what never gets that
+# far: numbers PostgreSQL cannot even read (more than 16383 digits after the point), and
+# nesting orjson cannot write (255 levels).
+MAX_NUMBER_CHARS = 4000
+MAX_DEPTH = 64
+_UNREADABLE_NUMBER_CHARS = 16_000
+
+_INT64_MIN = -(2**63)
+_UINT64_MAX = 2**64 - 1
 
 
 def _params(
@@ -34,12 +52,147 @@ def _params(
         delay = timedelta(seconds=delay)
     return {
         "job": job,
-        "args": [Jsonb(dict(a)) for a in args_list],
+        "args": [Jsonb(_encode(job, a), dumps=_as_is) for a in args_list],
         "run_at": run_at,
         "priority": priority,
         "queue": queue,
         "delay": delay,
     }
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+class _UnsendableError(Exception):
+    """A value JSON cannot carry; the message says why, and the caller names the field."""
+
+
+def _encode(job: str, args: Mapping[str, Any]) -> str:
+    """`args` as JSON text; ValidationError naming the field for what JSON cannot carry."""
+    doc = dict(args)
+    try:
+        data = orjson.dumps(doc, default=_default)
+    except TypeError:  # orjson.JSONEncodeError: a long integer, a non-str key, a bad value
+        data = _encode_carefully(job, doc)
+    if b"null" in data:  # orjson writes NaN and the infinities as null
+        for key, value in doc.items():
+            where = _non_finite(value)
+            if where is not None:
+                suffix, number = where
+                raise ValidationError(
+                    f"job {job}: field {key}{suffix}: float({str(number)!r}) cannot be "
+                    "enqueued: JSON numbers must be finite"
+                )
+    return data.decode()
+
+
+def _default(value: Any) -> Any:
+    """orjson's hook for the types it does not know: a Decimal is written as its digits."""
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise _UnsendableError(f"{value!r} cannot be enqueued: JSON numbers must be finite")
+        _check_length(_decimal_chars(value))
+        return orjson.Fragment(str(value))
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _encode_carefully(job: str, doc: dict[str, Any]) -> bytes:
+    """The slow way, for what orjson refuses by default: integers beyond 64 bits and
+    non-string keys (written as json.dumps would); otherwise the field at fault is named."""
+    try:
+        return orjson.dumps(_compatible(doc), default=_default, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, ValueError, RecursionError, _UnsendableError):
+        pass
+    for key, value in doc.items():
+        try:
+            orjson.dumps(_compatible(value), default=_default, option=orjson.OPT_NON_STR_KEYS)
+        except (TypeError, ValueError, RecursionError, _UnsendableError) as exc:
+            raise ValidationError(f"job {job}: field {key}: {_reason(exc, value)}") from None
+    raise ValidationError(f"job {job}: args cannot be written as JSON")  # pragma: no cover
+
+
+def _compatible(value: Any) -> Any:
+    """`value` with integers beyond 64 bits as JSON fragments (orjson refuses them)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if _INT64_MIN <= value <= _UINT64_MAX:
+            return value
+        text = str(Decimal(value))  # int -> str is limited to 4300 digits; Decimal is not
+        _check_length(len(text))
+        return orjson.Fragment(text)
+    if isinstance(value, list | tuple):
+        return [_compatible(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _compatible(v) for k, v in value.items()}
+    return value
+
+
+def _check_length(chars: int) -> None:
+    if chars > _UNREADABLE_NUMBER_CHARS:
+        raise _UnsendableError(
+            f"a number {chars} characters long, more than the limit of {MAX_NUMBER_CHARS}"
+        )
+
+
+def _decimal_chars(value: Decimal) -> int:
+    """How many characters PostgreSQL writes for finite `value` (it never uses an exponent)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    significant = len(digits)
+    for digit in digits:  # leading zeros are not written
+        if digit:
+            break
+        significant -= 1
+    minus = 1 if sign and significant else 0
+    if exponent >= 0:
+        return minus + (significant + exponent if significant else 1)
+    scale = -exponent
+    return minus + max(significant - scale, 1) + 1 + scale
+
+
+def _reason(exc: BaseException, value: Any) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, _UnsendableError):
+        return str(cause)
+    if isinstance(exc, _UnsendableError):
+        return str(exc)
+    if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
+        return f"nested {_depth(value)} levels deep, more than the limit of {MAX_DEPTH}"
+    return f"cannot be written as JSON: {exc}"
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or dict."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list | tuple):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def _non_finite(value: Any) -> tuple[str, float] | None:
+    """Where in `value` a NaN or infinite float sits (as a suffix like ``[2]``), if any."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ("", value)
+    if isinstance(value, list | tuple):
+        items: Iterable[tuple[str, Any]] = ((f"[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = ((f"[{k!r}]", v) for k, v in value.items())
+    else:
+        return None
+    for step, item in items:
+        found = _non_finite(item)
+        if found is not None:
+            return step + found[0], found[1]
+    return None
 
 
 def _translate(exc: psycopg.Error) -> BaseException:

@@ -1,20 +1,34 @@
-"""Durations (`500ms`, `1h30m`) and sizes (`512MB`), parsed the same way everywhere."""
+"""Durations (`500ms`, `1h30m`) and sizes (`512MB`), parsed the same way everywhere.
+
+Both parsers refuse what no setting can mean: negative, non-finite (``nan``, ``inf``,
+``1e999``) and absurdly large values, with a ValueError that names the text.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
+from decimal import Decimal
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_HINT = "use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m"
+#: The longest duration accepted: what a ``timedelta`` holds (about 2.7 million years).
+MAX_DURATION = float(timedelta.max.days * 86_400)
+
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|KIB|K|MB|MIB|M|GB|GIB|G|TB|TIB|T)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_SIZE_HINT = "use e.g. 512MB, 2GB"
+#: The largest size accepted: what a PostgreSQL ``bigint`` holds.
+MAX_SIZE = 2**63 - 1
 
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``30s``, ``10m``, ``2h`` or ``1h30m``.
 
-    A bare number means seconds. Raises ValueError naming the text otherwise.
+    A bare number means seconds. Raises ValueError naming the text for anything else, and
+    for negative, non-finite (``nan``, ``inf``, ``1e999``) or overlong durations.
     """
     s = text.strip()
     if not s:
@@ -22,11 +36,11 @@ def parse_duration(text: str) -> float:
     try:
         value = float(s)
     except ValueError:
-        pass
-    else:
-        if value < 0:
-            raise ValueError(f"negative duration {text!r}")
-        return value
+        value = _duration_parts(s, text)
+    return _checked_duration(value, text)
+
+
+def _duration_parts(s: str, text: str) -> float:
     pos = 0
     total = 0.0
     for m in _DURATION_PART.finditer(s):
@@ -35,8 +49,20 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
         pos = m.end()
     if pos != len(s) or pos == 0:
-        raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m)")
+        if s.startswith("-"):
+            raise ValueError(f"negative duration {text!r}")
+        raise ValueError(f"invalid duration {text!r} ({_DURATION_HINT})")
     return total
+
+
+def _checked_duration(value: float, text: str) -> float:
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"invalid duration {text!r}: not a finite number ({_DURATION_HINT})")
+    if value < 0:
+        raise ValueError(f"negative duration {text!r}")
+    if value > MAX_DURATION:
+        raise ValueError(f"duration {text!r} is too long (at most {MAX_DURATION:.0f}s)")
+    return value + 0.0  # -0.0 reads as 0.0
 
 
 def duration_timedelta(text: str) -> timedelta:
@@ -59,14 +85,30 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size such as ``512MB`` or ``2GB`` (powers of 1024)."""
-    m = _SIZE.fullmatch(text.strip())
+    """Bytes in a size such as ``512MB`` or ``2GB`` (powers of 1024).
+
+    Raises ValueError naming the text for anything else, and for negative, non-finite or
+    overlarge sizes (more than a bigint holds).
+    """
+    s = text.strip()
+    m = _SIZE.fullmatch(s)
     if not m:
-        raise ValueError(f"invalid size {text!r} (use e.g. 512MB, 2GB)")
-    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I") if m.group(2) else ""
-    if m.group(2) and m.group(2).upper() == "B":
-        unit = ""
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+        try:
+            value: float | None = float(s)  # what the pattern refuses: nan, inf, 1e999, -5
+        except ValueError:
+            value = None
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"invalid size {text!r}: not a finite number ({_SIZE_HINT})")
+        if s.startswith("-"):
+            raise ValueError(f"negative size {text!r}")
+        raise ValueError(f"invalid size {text!r} ({_SIZE_HINT})")
+    unit = (m.group(2) or "").upper()
+    multiplier = _SIZE_UNITS["" if unit == "B" else unit.removesuffix("B").removesuffix("I")]
+    # Exact decimal arithmetic: no float overflow to inf, no rounding of large integers.
+    size = int(Decimal(m.group(1)) * multiplier)
+    if size > MAX_SIZE:
+        raise ValueError(f"size {text!r} is too large (at most {MAX_SIZE} bytes)")
+    return size
 
 
 def format_size(n: int) -> str:

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TEST_APP = "tests.apps.basic:registry"
 #: Apps whose declarations every test database has synced (add yours here).
-SYNCED_APPS = [TEST_APP, "tests.apps.process:registry"]
+SYNCED_APPS = [TEST_APP, "tests.apps.process:registry", "tests.apps.hostile:registry",
+               "tests.apps.values:registry", "tests.apps.contain:registry"]
 TEMPLATE = "atl_template"
 _counter = itertools.count()
 

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,6 +55,21 @@ job SendDigest in mail {
 job Reindex in search { }
 
 job RebuildTheSearchIndexOfEveryTenant in search_maintenance { args { tenant_ids bigint[] } }
+"""
+
+# numeric is decimal.Decimal, in annotations and in defaults.
+NUMERIC = """\
+job Charge in billing {
+  args {
+    amount numeric not null
+    fee numeric default 0.25
+    big numeric default 123456789012345678901234567890
+    parts numeric[] default [1, 2.5]
+    rates numeric[]
+    ratio double default 1
+    decimal_places int default 2
+  }
+}
 """
 
 # Field names that clash with what the generated code itself uses.
@@ -122,7 +138,13 @@ def test_one_constant_class_register_and_enqueue_per_job() -> None:
         ("x bigint", "x: int | None = None"),
         ("x boolean not null", "x: bool"),
         ("x double not null", "x: float"),
-        ("x numeric not null default 2", "x: float = 2"),
+        ("x numeric not null default 2", 'x: decimal.Decimal = decimal.Decimal("2")'),
+        ("x numeric", "x: decimal.Decimal | None = None"),
+        ("x numeric[] not null", "x: list[decimal.Decimal]"),
+        ("x numeric default -1.5e3", 'x: decimal.Decimal | None = decimal.Decimal("-1500.0")'),
+        ("x double default 2", "x: float | None = 2.0"),
+        ("x double[] default [1, 2.5]",
+         "x: list[float] | None = dataclasses.field(default_factory=lambda: [1.0, 2.5])"),
         ("x jsonb", "x: Any = None"),
         ("x jsonb not null", "x: Any"),
         ("x text[] not null", "x: list[str]"),
@@ -326,7 +348,7 @@ def test_source_name_cannot_break_the_module(
     load(source, tmp_path / "odd_gen.py", monkeypatch)
 
 
-@pytest.mark.parametrize("text", [JOBS, EDGE], ids=["jobs", "clashing-names"])
+@pytest.mark.parametrize("text", [JOBS, EDGE, NUMERIC], ids=["jobs", "clashing-names", "numeric"])
 def test_generated_module_passes_ruff_and_mypy_strict(tmp_path: Path, text: str) -> None:
     if not all(hasattr(atlantis, name) for name in ("enqueue", "Registry", "JobContext")):
         pytest.skip("atlantis does not export enqueue, Registry and JobContext yet")
@@ -360,3 +382,35 @@ def test_generated_module_passes_ruff_and_mypy_strict(tmp_path: Path, text: str)
         str(path),
         env=env,
     )
+
+
+def test_numeric_fields_are_decimals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = generate_module(decls(NUMERIC), "jobs.atl")
+    assert "\nimport decimal\n" in source
+    module = load(source, tmp_path / "numeric_gen.py", monkeypatch)
+    args = module.ChargeArgs(amount=Decimal("0.1000000000000000000000000001"))
+    assert args.fee == Decimal("0.25") and type(args.fee) is Decimal
+    assert args.big == Decimal("123456789012345678901234567890")
+    assert args.parts == [Decimal(1), Decimal("2.5")] and args.rates is None
+    assert args.ratio == 1.0 and type(args.ratio) is float
+
+    calls: list[dict[str, Any]] = []
+
+    def fake_enqueue(conn: object, job: str, args: dict[str, Any], **options: Any) -> int:
+        calls.append(args)
+        return 1
+
+    monkeypatch.setattr(atlantis, "enqueue", fake_enqueue)
+    module.enqueue_charge(object(), amount=Decimal("12.30"), rates=[Decimal("0.5")])
+    assert calls[-1]["amount"] == Decimal("12.30") and str(calls[-1]["amount"]) == "12.30"
+    assert calls[-1]["fee"] == Decimal("0.25") and calls[-1]["rates"] == [Decimal("0.5")]
+    assert "parts" not in calls[-1]
+
+
+def test_decimal_is_imported_only_when_a_numeric_field_needs_it() -> None:
+    assert "import decimal" not in generate_module(decls(), "jobs.atl")
+    # A field named `decimal` is fine where nothing refers to the module ...
+    generate_module(decls("job J in ns { args { decimal int, x double } }"), "jobs.atl")
+    # ... but would hide it from the class body of a job with a numeric field.
+    with pytest.raises(DeclarationError, match="field 'decimal' of job ns.J cannot be"):
+        generate_module(decls("job J in ns { args { decimal int, x numeric } }"), "jobs.atl")

@@ -679,3 +679,109 @@ job Other in ns {
             assert shape.match(str(exc)), (text, str(exc))
         except lark.exceptions.LarkError as exc:  # pragma: no cover - the failure itself
             pytest.fail(f"lark error escaped for {text!r}: {exc}")
+
+
+# --------------------------------------------------------------------------- limits
+# A default must be something the database accepts in args (migration 0003) and something
+# a handler can receive: jsonb nested at most 64 levels, numbers of at most 4000
+# characters, numeric defaults kept exactly, doubles in range.
+
+
+def nest(levels: int, inner: str = "1") -> str:
+    return "[" * levels + inner + "]" * levels
+
+
+def in_args(field: str) -> str:
+    return f"job J in ns {{\n  args {{ {field} }}\n}}\n"
+
+
+LIMIT_REFUSALS = [
+    pytest.param(
+        in_args(f"x jsonb default {nest(65)}"),
+        "jobs.atl:2:26: default nested 65 levels deep, more than the limit of 64",
+        id="jsonb-65-levels",
+    ),
+    pytest.param(
+        in_args(f'x jsonb default {{"a": {nest(64)}}}'),
+        "jobs.atl:2:26: default nested 65 levels deep, more than the limit of 64",
+        id="jsonb-65-levels-in-object",
+    ),
+    pytest.param(
+        in_args(f"x jsonb[] default [1, {nest(65)}]"),
+        "jobs.atl:2:32: array element nested 65 levels deep, more than the limit of 64",
+        id="jsonb-array-element-65-levels",
+    ),
+    pytest.param(
+        in_args(f"x jsonb default {nest(5000)}"),
+        "jobs.atl:2:26: default nested 5000 levels deep, more than the limit of 64",
+        id="jsonb-5000-levels",
+    ),
+    pytest.param(
+        in_args(f"x int[] default {nest(3000)}"),
+        "jobs.atl:2:26: default nested 3000 levels deep, more than the limit of 64",
+        id="int-array-3000-levels",
+    ),
+    pytest.param(
+        in_args(f"x numeric default {'9' * 4001}"),
+        f"jobs.atl:2:28: number '{'9' * 37}...' is 4001 characters long, more than the limit "
+        "of 4000",
+        id="number-4001-characters",
+    ),
+    pytest.param(
+        in_args(f"x jsonb default {{\"a\": -{'9' * 4000}}}"),
+        f"jobs.atl:2:32: number '-{'9' * 36}...' is 4001 characters long, more than the "
+        "limit of 4000",
+        id="number-4001-characters-in-jsonb",
+    ),
+    pytest.param(
+        f"job J in ns {{\n  retries {'9' * 5000}\n}}\n",
+        f"jobs.atl:2:11: retries must be at most 2147483646, not '{'9' * 37}...'",
+        id="retries-5000-digits",
+    ),
+    pytest.param(
+        f"job J in ns {{\n  priority -{'9' * 5000}\n}}\n",
+        f"jobs.atl:2:12: priority must be at least -2147483648, not '-{'9' * 36}...'",
+        id="priority-5000-digits",
+    ),
+    pytest.param(
+        in_args("x numeric default 0.1000000000000000000000000001"),
+        "jobs.atl:2:28: default '0.1000000000000000000000000001' cannot be stored exactly "
+        "(a numeric default with a fraction or an exponent keeps at most 15 significant digits)",
+        id="numeric-default-inexact",
+    ),
+    pytest.param(
+        in_args("x numeric[] default [0.5, 1.00000000000000000001]"),
+        "jobs.atl:2:36: array element '1.00000000000000000001' cannot be stored exactly "
+        "(a numeric default with a fraction or an exponent keeps at most 15 significant digits)",
+        id="numeric-array-element-inexact",
+    ),
+    pytest.param(
+        in_args(f"x double default 1{'0' * 309}"),
+        f"jobs.atl:2:27: default '1{'0' * 36}...' is out of range for double",
+        id="double-default-out-of-range",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), LIMIT_REFUSALS)
+def test_defaults_past_the_limits_are_refused(text: str, message: str) -> None:
+    assert error(text) == message
+
+
+@pytest.mark.parametrize(
+    ("declaration", "default"),
+    [
+        (f"x jsonb default {nest(64)}", eval(nest(64))),
+        (f"x jsonb[] default [{nest(64)}]", [eval(nest(64))]),
+        (f"x numeric default {'9' * 4000}", int("9" * 4000)),
+        ("x numeric default 123456789012345678901234567890", 123456789012345678901234567890),
+        ("x numeric default 0.1", 0.1),
+        ("x numeric default 1e30", 1e30),
+        ("x numeric default 123456789012345.6", 123456789012345.6),
+        (f"x double default 1{'0' * 308}", 10**308),
+        ("x double default 0.1000000000000000000000000001", 0.1),
+    ],
+)
+def test_defaults_within_the_limits_are_kept(declaration: str, default: Any) -> None:
+    field = one_field(declaration)
+    assert field.default == default and type(field.default) is type(default)

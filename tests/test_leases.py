@@ -10,10 +10,12 @@ from typing import Any
 
 import psutil
 import psycopg
-from psycopg.types.json import Jsonb
 
 import atlantis
+from atlantis.protocol.messages import ChildError, Done
 from atlantis.store import Q
+from atlantis.store.jobs import Result, finish_params
+from atlantis.supervisor import policy
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
 
 
@@ -24,11 +26,21 @@ def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[
 
 def _finish(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int,
             outcome: str, error: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    return conn.execute(Q.finish, {
-        "ids": [job_id], "attempts": [attempt], "outcomes": [outcome],
-        "errors": [Jsonb(error) if error else None], "delays": [0.5], "has_progress": [False],
-        "pcts": [None], "msgs": [None], "worker": worker,
-    }).fetchall()
+    """Write an attempt's end as the supervisor does: decided by policy, applied by SQL."""
+    found = conn.execute("SELECT max_attempts, extract(epoch FROM backoff)::float8 FROM "
+                         "atlantis.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None
+    facts = policy.AttemptFacts(attempt, found[0], found[1], 30.0)
+    limits = policy.Limits(max_snooze=3600, max_backoff=86400)
+    if outcome == "release":
+        decided = policy.forced(facts, limits, "drain")
+        assert decided is not None
+    else:
+        err = ChildError(kind=error["kind"], message=error["message"]) if error else None
+        decided = policy.decide(facts, limits, Done(job_id=job_id, outcome=outcome,  # type: ignore[arg-type]
+                                                    error=err, delay=0.5))
+    result = Result(job_id, attempt, decided.state, decided.spent, decided.delay, decided.error, None)
+    return conn.execute(Q.finish, finish_params(worker, [result])).fetchall()
 
 
 def _touch(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int) -> list[tuple[Any, ...]]:

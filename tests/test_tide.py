@@ -145,3 +145,52 @@ def test_watch_follows_a_job_until_it_finishes(db: psycopg.Connection[Any], db_u
     out = tide(db_url, "job", "watch", str(job_id), "--interval", "200ms")
     assert "running" in out.stdout and "sleeping" in out.stdout
     assert "state     complete" in out.stdout
+
+
+JOB_COLUMNS = ["id", "job", "queue", "args", "state", "attempt", "max_attempts", "priority",
+               "run_at", "timeout", "heartbeat", "claimed_by", "claimed_until", "progress_pct",
+               "progress_msg", "progress_at", "last_error", "errors", "error_count", "created_at",
+               "started_at", "finished_at", "cancel_requested_at"]
+
+
+def test_status_json_has_every_column_and_the_bounded_error_history(
+    db: psycopg.Connection[Any], db_url: str
+) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "errs"})
+    for n in range(1, 26):
+        db.execute("UPDATE atlantis.jobs SET errors = atlantis.errors_append(errors, "
+                   "jsonb_build_object('attempt', %(n)s::int)), error_count = error_count + 1, "
+                   "last_error = 'boom ' || %(n)s WHERE id = %(id)s", {"n": n, "id": job_id})
+    doc = orjson.loads(tide(db_url, "job", "status", str(job_id), "--json").stdout)
+    assert list(doc) == JOB_COLUMNS
+    assert doc["error_count"] == 25 and [e["attempt"] for e in doc["errors"]] == list(range(6, 26))
+    assert doc["timeout"] == 30.0 and doc["args"] == {"key": "errs", "value": None}
+    text = tide(db_url, "job", "status", str(job_id)).stdout
+    assert "error     boom 25" in text and "attempt 0/" in text
+
+
+def test_retry_a_dead_job_and_refuse_the_rest(db: psycopg.Connection[Any], db_url: str) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "dead"})
+    db.execute("UPDATE atlantis.jobs SET state = 'dead', attempt = max_attempts, "
+               "started_at = now(), finished_at = now() WHERE id = %s", (job_id,))
+    dead = orjson.loads(tide(db_url, "dlq", "list", "--json").stdout)
+    assert [r["id"] for r in dead] == [job_id] and dead[0]["state"] == "dead"
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN atlantis_jobs")
+        assert tide(db_url, "job", "retry", str(job_id)).stdout == f"job {job_id} is available again\n"
+        assert [n.payload for n in listener.notifies(timeout=5, stop_after=1)] == ["tests"]
+    row = job_row(db, job_id)
+    assert row["state"] == "available" and row["attempt"] == 0 and row["finished_at"] is None
+    again = tide(db_url, "job", "retry", str(job_id), check=False)
+    assert again.returncode == 1 and "only dead or cancelled" in again.stderr
+    for args in (("job", "retry", "999999"), ("job", "cancel", "999999")):
+        missing = tide(db_url, *args, check=False)
+        assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
+
+
+def test_listing_options_are_checked(db_url: str) -> None:
+    out = tide(db_url, "job", "list", "--limit", "-1", check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    watch = tide(db_url, "job", "watch", "1", "--interval", "nan", check=False)
+    assert watch.returncode == 2 and "not a finite number" in watch.stderr
+    assert "Traceback" not in watch.stderr

@@ -2,10 +2,18 @@
 
 ``--isolation fresh`` wants a new process for every attempt. Starting an interpreter and
 importing the app costs hundreds of milliseconds; forking this warm, single-threaded,
-connection-free process costs a few. The supervisor sends, over a SOCK_SEQPACKET socket,
-``{"t": "fork"}`` with the four descriptors the worker needs (control, events, stdout,
-stderr); the zygote forks, replies ``{"t": "forked", "pid"}``, reaps its workers and reports
-each ``{"t": "exit", "pid", "code"}`` (``code`` as in ``Popen.returncode``).
+connection-free process costs a few.
+
+Protocol (:mod:`atlantis.protocol.messages`; SOCK_SEQPACKET, one ``dumps()`` body a packet):
+the zygote sends ``ZygoteReady(pid)`` once the app is imported, ``ZygoteFatal(error)`` (and
+exits with ``EXIT_APP_ERROR``) if it cannot be, or ``Unsafe(reason)`` (and exits 0) if the
+app started threads at import. The supervisor then sends ``Fork(token)`` packets carrying
+exactly four descriptors (control, events, stdout, stderr); the zygote forks a worker that
+serves on them and answers ``Forked(token, pid)``; it reaps its workers and reports each
+``Exited(pid, code)`` (``code`` as in ``Popen.returncode``). A malformed packet (not a
+``Fork``, or not four descriptors) is dropped, its descriptors closed, and logged to
+stderr; a fork the system refuses (after a few tries) is dropped the same way. The zygote
+ends at EOF on its socket; its workers die with it (parent-death signal).
 """
 
 from __future__ import annotations
@@ -18,42 +26,70 @@ import signal
 import socket
 import sys
 import threading
-
-import orjson
+import time
+from typing import NoReturn
 
 from atlantis.app import load_app
 from atlantis.child.main import EXIT_APP_ERROR, _die_with_parent, serve
+from atlantis.child.text import MAX_ERROR_CHARS, clip, text_of
 from atlantis.errors import ConfigurationError
+from atlantis.protocol.framing import ProtocolError
+from atlantis.protocol.messages import (
+    Exited,
+    Fork,
+    Forked,
+    FromZygote,
+    Unsafe,
+    ZygoteFatal,
+    ZygoteReady,
+    decode,
+    dumps,
+)
+from atlantis.registry import Registry
 
 MAX_MESSAGE = 64 * 1024
+MAX_FDS = 8
+_FORK_RETRIES = (0.01, 0.05, 0.2)
 
 
-def _send(sock: socket.socket, msg: dict[str, object]) -> None:
-    sock.send(orjson.dumps(msg))
+class SupervisorGoneError(Exception):
+    """The supervisor's end of the socket is closed."""
 
 
-def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int, registry: object) -> None:
+def _log(line: str) -> None:
+    print(f"atlantis-zygote: {line}", file=sys.stderr, flush=True)
+
+
+def _send(sock: socket.socket, msg: FromZygote) -> None:
+    try:
+        sock.send(dumps(msg))
+    except OSError as exc:
+        raise SupervisorGoneError(str(exc)) from exc
+
+
+def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int,
+            registry: Registry) -> NoReturn:
     """In the forked worker: become a session leader with its own output, then serve."""
-    os.setsid()
-    for fd in (control_fd, events_fd):
-        os.set_inheritable(fd, False)
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
-    for fd in (out_fd, err_fd):
-        os.close(fd)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    _die_with_parent()
-    from atlantis.registry import Registry
-
-    assert isinstance(registry, Registry)
     code = 1
     try:
+        os.setsid()
+        for fd in (control_fd, events_fd):
+            os.set_inheritable(fd, False)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (out_fd, err_fd):
+            if fd > 2:
+                os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        _die_with_parent()
         code = serve(registry, control_fd, events_fd)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def _reap(sock: socket.socket) -> None:
@@ -65,7 +101,63 @@ def _reap(sock: socket.socket) -> None:
         if pid == 0:
             return
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        _send(sock, {"t": "exit", "pid": pid, "code": code})
+        _send(sock, Exited(pid=pid, code=code))
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _receive(sock: socket.socket) -> tuple[Fork, list[int]] | None:
+    """One fork request, or None for a packet that was dropped; SupervisorGoneError at EOF."""
+    try:
+        data, fds, flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError as exc:
+        raise SupervisorGoneError(str(exc)) from exc
+    if not data and not fds:
+        raise SupervisorGoneError("end of stream")
+    why = None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        why = "packet truncated (too long, or too many descriptors)"
+    elif len(fds) != 4:
+        why = f"{len(fds)} descriptors, expected 4"
+    else:
+        try:
+            msg = decode(data, expect=(Fork,))
+        except ProtocolError as exc:
+            why = str(exc)
+    if why is not None:
+        _log(f"dropped a malformed packet ({why})")
+        _close(fds)
+        return None
+    assert isinstance(msg, Fork)
+    return msg, fds
+
+
+def _fork(sock: socket.socket, msg: Fork, fds: list[int], registry: Registry) -> int | None:
+    """Fork a worker serving on ``fds``; its pid, or None if the system refused."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for delay in (*_FORK_RETRIES, None):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            if delay is None:
+                _log(f"could not fork a worker for request {msg.token} ({exc}); dropped it")
+                return None
+            time.sleep(delay)
+            continue
+        if pid == 0:
+            sock.close()
+            _worker(fds[0], fds[1], fds[2], fds[3], registry)
+        return pid
+    return None  # pragma: no cover - the loop always returns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,45 +171,41 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        registry = load_app(opts.app)
-    except ConfigurationError as exc:
-        _send(sock, {"t": "fatal", "error": str(exc)})
-        return EXIT_APP_ERROR
-    # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if threads:
-        # A fork copies only the forking thread: locks the others hold stay locked forever.
-        _send(sock, {"t": "unsafe", "reason": f"the app starts threads at import ({', '.join(threads)})"})
-        return 0
-    _send(sock, {"t": "ready", "pid": os.getpid()})
+        try:
+            registry = load_app(opts.app)
+        except ConfigurationError as exc:
+            _send(sock, ZygoteFatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
+            return EXIT_APP_ERROR
+        # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        threads = [text_of(t.name) for t in threading.enumerate() if t is not threading.main_thread()]
+        if threads:
+            # A fork copies only the forking thread: locks the others hold stay locked forever.
+            reason = f"the app starts threads at import ({', '.join(threads)})"
+            _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
+            return 0
+        _send(sock, ZygoteReady(pid=os.getpid()))
+        return _serve(sock, registry)
+    except SupervisorGoneError:
+        return 0  # the supervisor is gone; our workers die with us (parent-death signal)
+
+
+def _serve(sock: socket.socket, registry: Registry) -> int:
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     while True:
         _reap(sock)
         if not poller.poll(50):
             continue
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 8)
-        except OSError:
-            return 0
-        if not data:
-            return 0  # the supervisor is gone; our workers die with us (parent-death signal)
-        msg = orjson.loads(data)
-        if msg.get("t") != "fork" or len(fds) != 4:
-            for fd in fds:
-                os.close(fd)
+        request = _receive(sock)
+        if request is None:
             continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _worker(fds[0], fds[1], fds[2], fds[3], registry)
-        for fd in fds:
-            os.close(fd)
-        _send(sock, {"t": "forked", "pid": pid, "token": msg.get("token")})
+        msg, fds = request
+        pid = _fork(sock, msg, fds, registry)
+        _close(fds)
+        if pid is not None:
+            _send(sock, Forked(token=msg.token, pid=pid))
 
 
 if __name__ == "__main__":

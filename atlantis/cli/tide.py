@@ -1,31 +1,46 @@
-"""``tide``: watch and steer jobs, manage the schema, generate code."""
+"""``tide``: watch and steer jobs, manage the schema, generate code.
+
+Exit codes: 0 done; 1 for what went wrong at run time (an unknown id, job or queue, a
+refused change, a database that cannot be reached or an atlantis schema that is missing);
+2 for bad usage: bad options, an app that cannot be loaded, a ``.atl`` file with errors, or
+a ``--database-url`` (or ``ATLANTIS_DATABASE_URL``) that libpq cannot parse. Every failure
+is one line on stderr, without a traceback, and no password ever appears in it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, LiteralString, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 import orjson
 import psycopg
-from psycopg.rows import dict_row
 
 import atlantis
 from atlantis.app import load_app
 from atlantis.cli.render import status_text
 from atlantis.errors import AtlantisError
-from atlantis.store import Q, migrate, sync
-from atlantis.store.database import ENV_URL, announce, resolve_url
+from atlantis.store import admin, migrate, sync
+from atlantis.store.database import (
+    ENV_URL,
+    DatabaseUrlError,
+    announce,
+    check_url,
+    describe_db_error,
+    redact,
+    resolve_url,
+)
 from atlantis.units import parse_duration
 
-FINISHED = ("complete", "dead", "cancelled")
+_Row = TypeVar("_Row")
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -57,25 +72,38 @@ def main(ctx: click.Context, database_url: str | None) -> None:
 
 @contextmanager
 def _connect(ctx: click.Context, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the database; any failure to reach it ends the command with one line.
+
+    A URL libpq cannot parse exits 2, a database that cannot be reached (or is lost while
+    the command runs) exits 1; neither message quotes the URL's password.
+    """
     explicit = ctx.find_root().obj["database_url"] or os.environ.get(ENV_URL)
     try:
         url = resolve_url(explicit)
     except Exception as exc:
         _fail(f"cannot start the embedded PostgreSQL: {exc}")
-    announce(url, embedded=not explicit)
+    try:
+        check_url(url)
+    except DatabaseUrlError as exc:
+        _fail(str(exc), code=2)
     try:
         conn = psycopg.connect(url, autocommit=autocommit, application_name="tide")
-    except psycopg.OperationalError as exc:
-        _fail(f"cannot connect to the database: {str(exc).strip()}")
+    except (psycopg.Error, OSError) as exc:
+        _fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
+    announce(url, embedded=not explicit)
     with conn:
-        yield conn
+        try:
+            yield conn
+        except psycopg.errors.UndefinedTable:
+            _fail("the atlantis schema is missing; run `tide db migrate`")
+        except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction):
+            _fail("the atlantis schema is out of date; run `tide db migrate`")
+        except psycopg.OperationalError as exc:
+            _fail(f"lost the database: {describe_db_error(exc, url)}")
 
 
-def _get_job(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    try:
-        row = conn.cursor(row_factory=dict_row).execute(Q.job_get, {"id": job_id}).fetchone()
-    except psycopg.errors.UndefinedTable:
-        _fail("the atlantis schema is missing; run `tide db migrate`")
+def _get_job(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
+    row = admin.get_job(conn, job_id)
     if row is None:
         _fail(f"no job with id {job_id}")
     return row
@@ -83,10 +111,7 @@ def _get_job(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
 
 def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
     """A queue nothing is declared on and no job ever used is a typo: say so."""
-    if queue is None:
-        return
-    row = conn.execute(Q.queue_known, {"queue": queue}).fetchone()
-    if not (row and row[0]):
+    if queue is not None and not admin.queue_known(conn, queue):
         _fail(f"unknown queue {queue!r}: no declaration or job uses it")
 
 
@@ -106,8 +131,7 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
     with _connect(ctx) as conn:
         row = _get_job(conn, job_id)
     if as_json:
-        row.pop("db_now")
-        _dump(row)
+        _dump(row.document())
     else:
         click.echo(status_text(row))
 
@@ -118,7 +142,10 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.pass_context
 def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
     """The status of a job, live, until it finishes."""
-    pause = parse_duration(interval)
+    try:
+        pause = parse_duration(interval)
+    except ValueError as exc:
+        _fail(f"--interval: {exc}", code=2)
     tty = sys.stdout.isatty()
     with _connect(ctx) as conn:
         previous = 0
@@ -129,23 +156,27 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
                 click.echo(f"\x1b[{previous}F\x1b[J", nl=False)
             click.echo(text)
             previous = text.count("\n") + 1
-            if row["state"] in FINISHED:
+            if row.finished:
                 return
             time.sleep(pause)
 
 
 @job.command("list")
 @click.option("--queue", default=None)
-@click.option("--state", default=None,
-              type=click.Choice(["available", "running", "complete", "dead", "cancelled"]))
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--state", default=None, type=click.Choice(admin.STATES))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=0))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def job_list(ctx: click.Context, queue: str | None, state: str | None, limit: int, as_json: bool) -> None:
     """Recent jobs, newest first."""
-    rows = _rows(ctx, Q.job_list, {"queue": queue, "state": state, "limit": limit}, queue=queue)
+    rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state, limit=limit),
+                 queue=queue)
     _show(rows, as_json, ["id", "job", "queue", "state", "attempt", "progress_pct",
                           "progress_msg", "last_error"])
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 @job.command("enqueue")
@@ -159,8 +190,9 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
                 priority: int | None, queue: str | None) -> None:
     """Enqueue a job; prints its id alone on stdout."""
     try:
-        args = orjson.loads(args_json)
-    except orjson.JSONDecodeError as exc:
+        # Exact numbers: a 30-digit numeric must not pass through a float on its way.
+        args = json.loads(args_json, parse_float=Decimal, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
         _fail(f"--args is not JSON: {exc}")
     if not isinstance(args, dict):
         _fail("--args must be a JSON object")
@@ -184,10 +216,8 @@ def job_retry(ctx: click.Context, job_id: int) -> None:
     """Put a dead or cancelled job back to available with a fresh attempt budget."""
     with _connect(ctx) as conn:
         row = _get_job(conn, job_id)
-        hit = conn.execute(Q.job_retry, {"id": job_id}).fetchone()
-        if hit is None:
-            _fail(f"job {job_id} is {row['state']}; only dead or cancelled jobs can be retried")
-        conn.execute(Q.notify_queue, {"queue": hit[1]})
+        if not admin.retry_job(conn, job_id):
+            _fail(f"job {job_id} is {row.state}; only dead or cancelled jobs can be retried")
     click.echo(f"job {job_id} is available again")
 
 
@@ -198,10 +228,10 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a waiting job; a running attempt is told, then killed after the grace."""
     with _connect(ctx) as conn:
         row = _get_job(conn, job_id)
-        hit = conn.execute(Q.job_cancel, {"id": job_id}).fetchone()
-        if hit is None:
-            _fail(f"job {job_id} is {row['state']}; nothing to cancel")
-    if hit[1] == "running":
+        after = admin.cancel_job(conn, job_id)
+        if after is None:
+            _fail(f"job {job_id} is {row.state}; nothing to cancel")
+    if after == "running":
         click.echo(f"job {job_id} is running; its supervisor is stopping it")
     else:
         click.echo(f"job {job_id} cancelled")
@@ -216,12 +246,13 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option("--queue", default=None)
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=0))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead jobs, newest first."""
-    rows = _rows(ctx, Q.job_list, {"queue": queue, "state": "dead", "limit": limit}, queue=queue)
+    rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state="dead", limit=limit),
+                 queue=queue)
     _show(rows, as_json, ["id", "job", "queue", "attempt", "finished_at", "last_error"])
 
 
@@ -235,7 +266,7 @@ def queue() -> None:
 @click.pass_context
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
     """Per queue: counts by state, oldest waiting age, completions in the last minute."""
-    _show(_rows(ctx, Q.queue_stats), as_json,
+    _show(_rows(ctx, admin.queue_stats), as_json,
           ["queue", "available", "running", "complete", "dead", "cancelled",
            "oldest_waiting_seconds", "completed_last_minute"])
 
@@ -250,24 +281,25 @@ def worker() -> None:
 @click.pass_context
 def worker_list(ctx: click.Context, as_json: bool) -> None:
     """Live supervisors: host, pid, queues, in-flight."""
-    _show(_rows(ctx, Q.worker_list), as_json, ["id", "host", "pid", "queues", "concurrency",
+    _show(_rows(ctx, admin.list_workers), as_json, ["id", "host", "pid", "queues", "concurrency",
                                                "in_flight", "status", "seen_at"])
 
 
-def _rows(ctx: click.Context, query: LiteralString, params: dict[str, Any] | None = None, *,
-          queue: str | None = None) -> list[dict[str, Any]]:
-    """Rows of one listing query; an unknown ``queue`` ends the command with exit 1."""
+def _rows(ctx: click.Context, read: Callable[[psycopg.Connection[Any]], list[_Row]], *,
+          queue: str | None = None) -> list[_Row]:
+    """The rows of one listing; an unknown ``queue`` ends the command with exit 1."""
     with _connect(ctx) as conn:
         _check_queue(conn, queue)
-        return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+        return read(conn)
 
 
-def _show(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
-    """One JSON document of the rows, or a table of ``columns`` for a person."""
+def _show(rows: Sequence[Any], as_json: bool, columns: list[str]) -> None:
+    """One JSON document of the rows (all their columns), or a table of ``columns``."""
+    docs = [admin.as_dict(row) for row in rows]
     if as_json:
-        _dump(rows)
+        _dump(docs)
     else:
-        _table(rows, columns)
+        _table(docs, columns)
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:

@@ -37,15 +37,17 @@ _PYTHON_TYPES = {
     "bigint": "int",
     "boolean": "bool",
     "double": "float",
-    "numeric": "float",
+    "numeric": "decimal.Decimal",
     "jsonb": "Any",
 }
 
 # Names the body of a generated args class refers to; a field of the same name would hide
-# them from the annotations and defaults that follow it.
+# them from the annotations and defaults that follow it. `decimal` only counts in a class
+# that refers to it (one with a numeric field): a field named so elsewhere stays legal.
 _CLASS_SCOPE_NAMES = frozenset(
     {"str", "int", "float", "bool", "list", "dict", "Any", "dataclasses"}
 )
+_DECIMAL = "decimal"
 
 # Names the body of a generated enqueue function refers to besides its parameters; a field
 # that collides gets a parameter with a trailing underscore (the args key keeps its name).
@@ -57,7 +59,7 @@ _IMPORTS = """\
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+{decimal}from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +92,9 @@ def generate_module(decls: Sequence[JobDecl], source_name: str) -> str:
         _docstring(f"Typed helpers for the jobs declared in {source_name}.", ""),
     ]
     if decls:
-        lines += ["", *_IMPORTS.splitlines(), ""]
+        uses_decimal = any(f.type == "numeric" for decl in decls for f in decl.fields)
+        imports = _IMPORTS.format(decimal="import decimal\n" if uses_decimal else "")
+        lines += ["", *imports.splitlines(), ""]
         for decl, name in zip(decls, names, strict=True):
             lines += _assignment("", name.constant, _python_value(decl.qualified_name))
         for decl, name in zip(decls, names, strict=True):
@@ -136,8 +140,11 @@ def _assign_names(decls: Sequence[JobDecl]) -> list[_Names]:
 
 
 def _check_fields(decl: JobDecl) -> None:
+    reserved = set(_CLASS_SCOPE_NAMES)
+    if any(f.type == "numeric" for f in decl.fields):
+        reserved.add(_DECIMAL)
     for f in decl.fields:
-        if keyword.iskeyword(f.name) or f.name in _CLASS_SCOPE_NAMES:
+        if keyword.iskeyword(f.name) or f.name in reserved:
             raise DeclarationError(
                 f"{decl.source}: field {f.name!r} of job {decl.qualified_name} cannot be an "
                 "attribute of the generated args class; rename the field"
@@ -174,10 +181,10 @@ def _args_class(decl: JobDecl, name: _Names) -> list[str]:
         annotation = _annotation(f)
         target = f"{f.name}: {annotation}"
         if f.has_default and _is_mutable(f.default):
-            factory = f"default_factory=lambda: {_python_value(f.default)}"
+            factory = f"default_factory=lambda: {_default_value(f)}"
             lines += _call("    ", f"{target} = dataclasses.field", [factory])
         elif f.has_default:
-            lines += _assignment("    ", target, _python_value(f.default))
+            lines += _assignment("    ", target, _default_value(f))
         elif not f.not_null:
             lines.append(f"    {f.name}: {annotation} = None")
         else:
@@ -227,7 +234,7 @@ def _enqueue_function(decl: JobDecl, name: _Names) -> list[str]:
             when_given.append((key, parameter))
             continue
         if f.has_default:
-            parameters.append(f"{parameter}: {annotation} = {_python_value(f.default)}")
+            parameters.append(f"{parameter}: {annotation} = {_default_value(f)}")
         elif not f.not_null:
             parameters.append(f"{parameter}: {annotation} = None")
         else:
@@ -318,16 +325,26 @@ def _docstring(text: str, indent: str) -> str:
     return f'{indent}"""{text}"""'
 
 
-def _python_value(value: Any) -> str:
-    """A JSON value as a Python literal."""
+def _default_value(f: Field) -> str:
+    """The declared default of `f` as the Python value a handler would get for it."""
+    return _python_value(f.default, f.type)
+
+
+def _python_value(value: Any, number_type: str = "jsonb") -> str:
+    """A JSON value as a Python literal; numbers as a field of `number_type` holds them
+    (``numeric``: ``decimal.Decimal("1.5")``, ``double``: a float)."""
     if value is None or isinstance(value, bool):
         return repr(value)
     if isinstance(value, int | float):
+        if number_type == "numeric":
+            return f'decimal.Decimal("{value!r}")'
+        if number_type == "double":
+            return repr(float(value))
         return repr(value)
     if isinstance(value, str):
         return _python_string(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_python_value(v) for v in value) + "]"
+        return "[" + ", ".join(_python_value(v, number_type) for v in value) + "]"
     if isinstance(value, dict):
         items = (f"{_python_string(k)}: {_python_value(v)}" for k, v in value.items())
         return "{" + ", ".join(items) + "}"

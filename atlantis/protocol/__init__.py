@@ -1,29 +1,10 @@
-"""The framed messages between the supervisor and its children.
+"""What crosses a process boundary between the supervisor, its children and the zygote.
 
-Each message is one orjson document behind a 4-byte big-endian length, on file descriptors
-of their own (never stdout/stderr), so nothing a handler prints can corrupt it.
-
-supervisor -> child (control pipe)
-  {"t": "run", "job_id", "job", "queue", "attempt", "max_attempts", "args", "deadline",
-   "lease_end", "lease_margin", "database_url"}
-  {"t": "lease", "job_id", "lease_end"}     lease renewed; lease_end is CLOCK_MONOTONIC
-  {"t": "cancel", "job_id"}                 ctx.cancelled becomes true
-child -> supervisor (events pipe)
-  {"t": "ready", "pid", "tree"}             the app imported; waiting for work. ``tree`` is
-                                            the ATLANTIS_TREE mark its descendants inherit,
-                                            so escaped ones can be found and killed
-  {"t": "fatal", "error"}                   the app could not be loaded; the child exits
-  {"t": "checkpoint", "job_id", "pct", "msg"}
-  {"t": "done", "job_id", "outcome", "error", "delay", "leftovers"}
+``messages.py`` holds every message as a typed dataclass and the one codec that encodes and
+validates them; ``framing.py`` the frame header. See ``messages.py`` for the list.
 """
 
-from atlantis.protocol.framing import (
-    MAX_FRAME,
-    FrameReader,
-    ProtocolError,
-    encode,
-    read_frame,
-    write_frame,
-)
+from atlantis.protocol.framing import HEADER, MAX_FRAME, ProtocolError
+from atlantis.protocol.messages import EventReader, decode, dumps, encode
 
-__all__ = ["MAX_FRAME", "FrameReader", "ProtocolError", "encode", "read_frame", "write_frame"]
+__all__ = ["HEADER", "MAX_FRAME", "EventReader", "ProtocolError", "decode", "dumps", "encode"]

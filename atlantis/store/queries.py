@@ -1,7 +1,8 @@
-"""The named statements of ``queries.sql``, loaded once as typed attributes.
+"""The named statements of ``queries.sql`` (run time) and ``admin.sql`` (operators' tools),
+loaded once as typed attributes.
 
-Keeping SQL in one file (and reading it as ``LiteralString``) means no code path glues SQL
-from strings; every value reaches PostgreSQL as a parameter.
+Keeping SQL in these files (and reading it as ``LiteralString``) means no code path glues
+SQL from strings; every value reaches PostgreSQL as a parameter.
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ class Queries:
     queue_stats: LiteralString
     release_orphans: LiteralString
     queue_known: LiteralString
+    attempt_state: LiteralString
 
-    def __init__(self, text: str) -> None:
-        parts = _HEADER.split(text)
+    def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in found:
-                raise ValueError(f"query {name!r} is defined twice")
-            found[name] = body.strip()
+        for text in texts:
+            parts = _HEADER.split(text)  # parts[0]: the file's preamble
+            for name, body in zip(parts[1::2], parts[2::2], strict=True):
+                if name in found:
+                    raise ValueError(f"query {name!r} is defined twice")
+                found[name] = body.strip()
         expected = set(type(self).__annotations__)
         if set(found) != expected:
             raise ValueError(
-                f"queries.sql defines {sorted(set(found) - expected)} unknown and misses "
+                f"queries.sql and admin.sql define {sorted(set(found) - expected)} unknown and misses "
                 f"{sorted(expected - set(found))}"
             )
         for name, body in found.items():
@@ -51,8 +54,8 @@ class Queries:
 
 
 def _load() -> Queries:
-    text = resources.files("atlantis.store").joinpath("queries.sql").read_text("utf-8")
-    return Queries(text)
+    files = resources.files("atlantis.store")
+    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql")))
 
 
 Q = _load()

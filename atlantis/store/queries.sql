@@ -41,9 +41,11 @@ UPDATE atlantis.jobs j
        claimed_until = now() + j.heartbeat, started_at = now(), cancel_requested_at = NULL
   FROM picked
  WHERE j.id = picked.id
-RETURNING j.id, j.job, j.queue, j.args, j.attempt, j.max_attempts,
+-- args as text: the supervisor passes them to the child untouched; the child decodes them.
+RETURNING j.id, j.job, j.queue, j.args::text AS args, j.attempt, j.max_attempts,
           extract(epoch FROM j.timeout)::float8 AS timeout,
           extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
+          extract(epoch FROM j.backoff)::float8 AS backoff,
           now() + j.timeout AS deadline
 
 -- name: touch
@@ -62,43 +64,36 @@ UPDATE atlantis.jobs j
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 
 -- name: finish
--- The results of many attempts in one statement. outcome is one of complete, failed,
--- discard, snooze (no attempt spent), release (drained; no attempt spent), cancelled.
+-- The results of many attempts in one statement. The next state of each row was decided
+-- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
+-- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
+-- attempt back; `delay` is when an available row may run again.
 WITH r AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
-                         %(errors)s::jsonb[], %(delays)s::float8[], %(has_progress)s::bool[],
-                         %(pcts)s::float8[], %(msgs)s::text[])
-        AS r(id, attempt, outcome, error, delay, has_progress, pct, msg)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
+                         %(spent)s::bool[], %(delays)s::float8[], %(errors)s::jsonb[],
+                         %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[])
+        AS r(id, attempt, state, spent, delay, error, has_progress, pct, msg)
 ), cur AS (
-    SELECT r.*,
-           CASE WHEN r.outcome = 'complete' THEN 'complete'
-                WHEN r.outcome = 'cancelled' THEN 'cancelled'
-                WHEN r.outcome = 'discard' THEN 'dead'
-                WHEN r.outcome IN ('snooze', 'release') THEN 'available'
-                WHEN j.attempt >= j.max_attempts THEN 'dead'
-                ELSE 'available' END AS next_state
+    SELECT r.*
       FROM atlantis.jobs j JOIN r ON j.id = r.id AND j.attempt = r.attempt
      WHERE j.claimed_by = %(worker)s AND j.state = 'running'
        FOR UPDATE OF j
 )
 UPDATE atlantis.jobs j
-   SET state = cur.next_state,
-       attempt = CASE WHEN cur.outcome IN ('snooze', 'release') THEN j.attempt - 1
-                      ELSE j.attempt END,
-       run_at = CASE WHEN cur.outcome = 'snooze' THEN now() + make_interval(secs => cur.delay)
-                     WHEN cur.outcome = 'release' THEN now()
-                     WHEN cur.next_state = 'available'
-                          THEN now() + atlantis.retry_delay(j.backoff, j.attempt)
+   SET state = cur.state,
+       attempt = CASE WHEN cur.spent THEN j.attempt ELSE j.attempt - 1 END,
+       run_at = CASE WHEN cur.state = 'available' THEN now() + make_interval(secs => cur.delay)
                      ELSE j.run_at END,
        claimed_until = NULL,
-       finished_at = CASE WHEN cur.next_state IN ('complete', 'dead', 'cancelled') THEN now() END,
+       finished_at = CASE WHEN cur.state IN ('complete', 'dead', 'cancelled') THEN now() END,
        progress_pct = CASE WHEN cur.has_progress THEN atlantis.clamp_pct(cur.pct)
                            ELSE j.progress_pct END,
        progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
        progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
        last_error = CASE WHEN cur.error IS NULL THEN j.last_error ELSE cur.error->>'message' END,
+       error_count = j.error_count + CASE WHEN cur.error IS NULL THEN 0 ELSE 1 END,
        errors = CASE WHEN cur.error IS NULL THEN j.errors
-                     ELSE j.errors || jsonb_build_array(cur.error || jsonb_build_object(
+                     ELSE atlantis.errors_append(j.errors, cur.error || jsonb_build_object(
                           'at', now(), 'worker', j.claimed_by)) END
   FROM cur
  WHERE j.id = cur.id
@@ -121,7 +116,8 @@ UPDATE atlantis.jobs j
        claimed_until = NULL,
        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
        last_error = format('lease expired, worker %%s presumed dead', j.claimed_by),
-       errors = j.errors || jsonb_build_array(jsonb_build_object(
+       error_count = j.error_count + 1,
+       errors = atlantis.errors_append(j.errors, jsonb_build_object(
            'attempt', j.attempt, 'kind', 'lease_expired',
            'message', format('lease expired, worker %%s presumed dead', j.claimed_by),
            'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text))
@@ -140,64 +136,8 @@ ON CONFLICT (id) DO UPDATE SET
 -- name: worker_delete
 DELETE FROM atlantis.workers WHERE id = %(id)s OR expires_at < now() - interval '1 hour'
 
--- name: worker_list
-SELECT id, host, pid, queues, concurrency, in_flight, status, started_at, seen_at
-  FROM atlantis.workers WHERE expires_at > now() ORDER BY started_at
-
--- name: job_get
-SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
-       extract(epoch FROM timeout)::float8 AS timeout,
-       extract(epoch FROM heartbeat)::float8 AS heartbeat,
-       claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
-       created_at, started_at, finished_at, cancel_requested_at, now() AS db_now
-  FROM atlantis.jobs WHERE id = %(id)s
-
--- name: job_list
-SELECT id, job, queue, state, attempt, max_attempts, priority, run_at, progress_pct,
-       progress_msg, last_error, created_at, started_at, finished_at
-  FROM atlantis.jobs
- WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(state)s::text IS NULL OR state = %(state)s)
- ORDER BY id DESC
- LIMIT %(limit)s
-
 -- name: listen
 LISTEN atlantis_jobs
-
--- name: job_retry
-UPDATE atlantis.jobs
-   SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
-       claimed_by = NULL, claimed_until = NULL, cancel_requested_at = NULL
- WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-RETURNING id, queue
-
--- name: job_cancel
--- Waiting jobs are cancelled at once; a running attempt is flagged and its supervisor stops
--- it (ctx.cancelled, SIGTERM, SIGKILL after the grace).
-UPDATE atlantis.jobs
-   SET state = CASE WHEN state = 'available' THEN 'cancelled' ELSE state END,
-       finished_at = CASE WHEN state = 'available' THEN now() ELSE finished_at END,
-       cancel_requested_at = CASE WHEN state = 'running' THEN now() ELSE cancel_requested_at END
- WHERE id = %(id)s AND state IN ('available', 'running')
-RETURNING id, state
-
--- name: notify_queue
-SELECT pg_notify('atlantis_jobs', %(queue)s)
-
--- name: queue_stats
-SELECT queue,
-       count(*) FILTER (WHERE state = 'available') AS available,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'complete') AS complete,
-       count(*) FILTER (WHERE state = 'dead') AS dead,
-       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now()))::float8
-           AS oldest_waiting_seconds,
-       count(*) FILTER (WHERE state = 'complete' AND finished_at > now() - interval '1 minute')
-           AS completed_last_minute
-  FROM atlantis.jobs
- GROUP BY queue
- ORDER BY queue
 
 -- name: release_orphans
 -- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
@@ -208,6 +148,6 @@ UPDATE atlantis.jobs
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
 RETURNING id
 
--- name: queue_known
-SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE queue = %(queue)s)
-    OR EXISTS (SELECT 1 FROM atlantis.jobs WHERE queue = %(queue)s)
+-- name: attempt_state
+-- After a result was sent on a connection that broke: did that write land?
+SELECT state, attempt, claimed_by FROM atlantis.jobs WHERE id = %(id)s

@@ -1,46 +1,92 @@
-"""An attempt in flight: what the supervisor knows of one claimed row."""
+"""An attempt in flight: what the supervisor knows of one claimed row, and how it stops one."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from atlantis.supervisor.children import Child
+from atlantis.protocol.messages import Cancel
+from atlantis.store.jobs import ClaimedRow, Progress
+from atlantis.supervisor.children import Child
+from atlantis.supervisor.policy import AttemptFacts, StopReason
 
 
 @dataclass(eq=False)
 class Attempt:
-    job_id: int
-    attempt: int
-    job: str
-    queue: str
-    args: dict[str, Any]
-    max_attempts: int
-    timeout: float
-    heartbeat: float
-    deadline: str
-    """ISO timestamp from PostgreSQL's clock: claim time + timeout."""
+    row: ClaimedRow
     lease_end: float
     """CLOCK_MONOTONIC time by which the lease surely ends unless renewed."""
     renewed_at: float
     child: Child | None = None
     started: float = 0.0
-    progress: tuple[float, str] | None = None
+    progress: Progress | None = None
     progress_dirty: bool = False
     progress_since: float = 0.0
-    stop_reason: str | None = None
-    """Why the supervisor is stopping it: timeout, drain, memory, cancel, lease."""
+    stop_reason: StopReason | None = None
+    """Why the supervisor is stopping it: timeout, drain, memory, cancel, lease, protocol."""
+    stop_detail: str = ""
     term_sent_at: float | None = None
     killed: bool = False
     lost: bool = False
     """The lease is gone: nothing more may be written for this attempt."""
-    cancel_sent: bool = False
     finished: bool = False
 
     @property
+    def job_id(self) -> int:
+        return self.row.id
+
+    @property
+    def attempt(self) -> int:
+        return self.row.attempt
+
+    @property
+    def job(self) -> str:
+        return self.row.job
+
+    @property
+    def queue(self) -> str:
+        return self.row.queue
+
+    @property
+    def heartbeat(self) -> float:
+        return self.row.heartbeat
+
+    @property
+    def timeout(self) -> float:
+        return self.row.timeout
+
+    @property
     def key(self) -> tuple[int, int]:
-        return (self.job_id, self.attempt)
+        return (self.row.id, self.row.attempt)
+
+    @property
+    def facts(self) -> AttemptFacts:
+        return AttemptFacts(self.row.attempt, self.row.max_attempts, self.row.backoff,
+                            self.row.timeout)
 
     def tag(self) -> str:
-        return f"job={self.job_id} attempt={self.attempt}"
+        return f"job={self.row.id} attempt={self.row.attempt}"
+
+    def log_extra(self) -> dict[str, Any]:
+        return {"job_id": self.row.id, "attempt": self.row.attempt, "queue": self.row.queue}
+
+    def stop(self, reason: StopReason, now: float, *, sig: int = signal.SIGTERM,
+             detail: str = "") -> None:
+        """Stop the attempt's process group; the first reason given is the one recorded.
+
+        SIGTERM comes with a Cancel message (``ctx.cancelled``) and starts the kill grace;
+        SIGKILL ends it at once.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.stop_detail = detail
+        child = self.child
+        if child is None:
+            return
+        if sig == signal.SIGKILL:
+            self.killed = True
+        elif self.term_sent_at is None:
+            self.term_sent_at = now
+            child.send(Cancel(job_id=self.row.id))
+        child.signal_group(sig)

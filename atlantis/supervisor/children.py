@@ -4,8 +4,13 @@ Each child leads its own session and process group, so a kill reaches the whole 
 a psutil sweep then catches descendants that left the group with ``setsid`` (the child is
 a subreaper, so even daemonized ones stay its descendants), and a child that dies
 mid-attempt has whatever escaped found by the mark it puts in their environment. Exit is
-watched through a pidfd (no pid-reuse race); output and events are read continuously,
-so a chatty child can never fill a pipe and deadlock.
+watched through a pidfd (no pid-reuse race) or reported by the zygote that forked it.
+
+Nothing here blocks the event loop: every pipe is non-blocking. Control frames that a slow
+child does not read yet wait in a buffer (of lease renewals only the latest is kept);
+events are read continuously, each frame capped and validated (:mod:`messages`), so a
+chatty or hostile child can neither fill a pipe nor feed the supervisor a bad message: a
+protocol violation is reported to the owner, which kills the child and fails its attempt.
 """
 
 from __future__ import annotations
@@ -13,72 +18,244 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import psutil
 
 from atlantis.child.main import TREE_VARIABLE
-from atlantis.protocol import FrameReader, ProtocolError, write_frame
-from atlantis.protocol.framing import Message
-
-if TYPE_CHECKING:
-    from atlantis.supervisor.attempts import Attempt
+from atlantis.protocol.framing import ProtocolError
+from atlantis.protocol.messages import (
+    Checkpoint,
+    Done,
+    EventReader,
+    Fatal,
+    FromChild,
+    Lease,
+    Ready,
+    ToChild,
+    encode,
+)
+from atlantis.supervisor.output import Label, OutputLog
 
 log = logging.getLogger("atlantis.supervisor")
-out_log = logging.getLogger("atlantis.output")
 
-_MAX_LINE = 64 * 1024
+MAX_PENDING_CONTROL = 4 << 20
+"""Control bytes a child may leave unread before it counts as wedged (its lease ends it)."""
+
+
+class Owner(Protocol):
+    def on_message(self, child: Child, msg: FromChild) -> None: ...
+    def on_protocol_error(self, child: Child, why: str) -> None: ...
+    def on_exit(self, child: Child) -> None: ...
+
+
+class Forker(Protocol):
+    """Forks worker processes from a warm zygote (``--isolation fresh``), asynchronously."""
+
+    def fork(self, fds: tuple[int, int, int, int], on_forked: Callable[[int], None],
+             on_exit: Callable[[int], None]) -> None: ...
 
 
 @dataclass(eq=False)
 class Child:
-    pid: int
-    control_fd: int
-    events_fd: int
+    loop: asyncio.AbstractEventLoop
+    owner: Owner
     generation: int
     """Which SIGHUP generation started this child."""
+    control_fd: int
+    events_fd: int
+    out_fd: int
+    err_fd: int
+    output: OutputLog
+    pid: int = 0
+    """0 until a zygote has forked it."""
     returncode: int | None = None
     """As ``Popen.returncode``: the exit code, or minus the signal that killed it."""
     state: str = "starting"  # starting, idle, busy, retiring, dead
-    attempt: Attempt | None = None
+    label: Label | None = None
     jobs_run: int = 0
+    tree: str | None = None
+    """The mark (``ATLANTIS_TREE``) in the environment of every process the child starts."""
     descendants: set[psutil.Process] = field(default_factory=set)
     """Descendants seen so far, kept as psutil handles: signalling one checks that its pid
     was not reused meanwhile, so a long-gone grandchild's number never hits a stranger."""
-    reader: FrameReader = field(default_factory=FrameReader)
-    tree: str | None = None
-    """The mark (``ATLANTIS_TREE``) in the environment of every process the child starts."""
-    _partial: dict[int, bytearray] = field(default_factory=dict)
+    reader: EventReader = field(default_factory=EventReader)
+    _pending: deque[tuple[str, memoryview]] = field(default_factory=deque)
+    _pending_bytes: int = 0
+    _writing: bool = False
+    _watching_writes: bool = False
+    _violated: bool = False
 
-    def send(self, msg: Message) -> bool:
-        """Send a control message; False when the child is gone."""
+    # ---- control pipe (supervisor -> child) ---------------------------------------------
+
+    def send(self, msg: ToChild) -> bool:
+        """Queue a control message; False when the child is gone or wedged."""
         if self.control_fd < 0:
             return False
-        try:
-            write_frame(self.control_fd, msg)
-        except OSError:
+        data = memoryview(encode(msg))
+        if isinstance(msg, Lease):
+            # A renewal supersedes one that has not started to go out yet.
+            for i, (kind, _) in enumerate(self._pending):
+                if kind == "lease" and (i > 0 or not self._writing):
+                    self._pending_bytes -= len(self._pending[i][1])
+                    del self._pending[i]
+                    break
+        if self._pending_bytes + len(data) > MAX_PENDING_CONTROL:
             return False
+        self._pending.append((msg.t, data))
+        self._pending_bytes += len(data)
+        self._flush_control()
         return True
 
+    def _flush_control(self) -> None:
+        while self._pending and self.control_fd >= 0:
+            kind, data = self._pending[0]
+            try:
+                n = os.write(self.control_fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:  # the child is gone; its exit is handled elsewhere
+                self._pending.clear()
+                self._pending_bytes = 0
+                break
+            self._pending_bytes -= n
+            if n < len(data):
+                self._pending[0] = (kind, data[n:])
+                self._writing = n > 0 or self._writing
+                if not self._watching_writes:
+                    self.loop.add_writer(self.control_fd, self._flush_control)
+                    self._watching_writes = True
+                return
+            self._pending.popleft()
+            self._writing = False
+        if self._watching_writes and self.control_fd >= 0:
+            self.loop.remove_writer(self.control_fd)
+        self._watching_writes = False
+
     def close_control(self) -> None:
-        """EOF on the control pipe tells the child to exit."""
+        """EOF on the control pipe tells the child to exit (once what is queued went out)."""
         if self.control_fd >= 0:
+            if self._watching_writes:
+                self.loop.remove_writer(self.control_fd)
+                self._watching_writes = False
             os.close(self.control_fd)
             self.control_fd = -1
+            self._pending.clear()
+            self._pending_bytes = 0
+
+    # ---- events and output (child -> supervisor) ----------------------------------------
+
+    def _read_events(self) -> None:
+        try:
+            data = os.read(self.events_fd, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(self.events_fd)
+            return
+        self._feed_events(data)
+
+    def _feed_events(self, data: bytes) -> None:
+        if self._violated:
+            return
+        try:
+            messages = self.reader.feed(data)
+        except ProtocolError as exc:
+            self._violated = True
+            self.loop.remove_reader(self.events_fd)
+            self.owner.on_protocol_error(self, str(exc))
+            return
+        for msg in messages:
+            assert isinstance(msg, Ready | Fatal | Checkpoint | Done)  # EventReader's expect
+            if isinstance(msg, Ready):
+                self.tree = msg.tree or None
+            elif isinstance(msg, Done):
+                # The handler's last output was written before its result: log it while the
+                # attempt is still the child's, an unfinished last line included.
+                self._drain_output()
+            self.owner.on_message(self, msg)
+            if self._violated:
+                return
+
+    def violated(self) -> None:
+        """The owner found a message invalid: read nothing more from this child."""
+        self._violated = True
+
+    def _read_output(self, fd: int, stream: str) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.loop.remove_reader(fd)
+            self.output.flush(stream)
+            return
+        self.output.feed(data, stream)
+
+    def _drain_output(self, limit: int = 4 << 20) -> None:
+        """Log what the output pipes hold now. Bounded: a leftover may still be writing."""
+        for fd, stream in ((self.out_fd, "stdout"), (self.err_fd, "stderr")):
+            budget = limit
+            while budget > 0:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    break
+                if not data:
+                    break
+                budget -= len(data)
+                self.output.feed(data, stream)
+            self.output.flush(stream)
+
+    def _exited(self, code: int) -> None:
+        # What the child wrote before dying is still in the pipes: its output first, then
+        # its events (a result would end the attempt the output belongs to).
+        self._drain_output()
+        for _ in range(64):
+            try:
+                data = os.read(self.events_fd, 1 << 20)
+            except OSError:
+                break
+            if not data:
+                break
+            self._feed_events(data)
+        self._drain_output()
+        self.returncode = code
+        if self.label is not None:  # it died mid-attempt: its own cleanup did not run
+            killed = self.kill_marked()
+            if killed:
+                log.warning("%s: the child died and left processes %s running; killed them",
+                            self.label.tag(), ", ".join(map(str, killed)),
+                            extra={"job_id": self.label.job_id, "attempt": self.label.attempt})
+        self.owner.on_exit(self)
+        for fd in (self.events_fd, self.out_fd, self.err_fd):
+            self.loop.remove_reader(fd)
+            os.close(fd)
+        self.close_control()
+
+    def _watch(self) -> None:
+        for fd in (self.events_fd, self.out_fd, self.err_fd):
+            os.set_blocking(fd, False)
+        self.loop.add_reader(self.events_fd, self._read_events)
+        self.loop.add_reader(self.out_fd, self._read_output, self.out_fd, "stdout")
+        self.loop.add_reader(self.err_fd, self._read_output, self.err_fd, "stderr")
+
+    # ---- processes ------------------------------------------------------------------------
 
     def remember_descendants(self) -> None:
-        """Note the child's current descendants and forget those that are gone.
-
-        Once the child has been reaped its pid may belong to someone else: no lookup then.
-        """
+        """Note the child's current descendants and forget those that are gone."""
         self.descendants = {p for p in self.descendants if p.is_running()}
-        if self.returncode is not None:
-            return
+        if self.returncode is not None or not self.pid:
+            return  # once reaped, its pid may belong to someone else
         try:
             self.descendants |= set(psutil.Process(self.pid).children(recursive=True))
         except psutil.Error:
@@ -86,11 +263,14 @@ class Child:
 
     def signal_group(self, sig: int) -> None:
         """Signal the child's process group and any known descendant outside it."""
+        if not self.pid:
+            return
         self.remember_descendants()
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in self.descendants:
             try:
                 p.send_signal(sig)
@@ -100,11 +280,9 @@ class Child:
     def kill_marked(self) -> list[int]:
         """SIGKILL every process carrying this child's mark; returns their pids.
 
-        For a child that died mid-attempt, before its own cleanup could run: descendants
-        that left its process group (setsid) were re-parented away and are no longer its
-        descendants, but they still carry the mark in their environment (unless a handler
-        gave them an environment of its own). Reads every process's environment, so it is
-        kept for that rare case.
+        For a child that died mid-attempt: descendants that left its process group were
+        re-parented away, but still carry the mark in their environment. Reads every
+        process's environment, so it is kept for that rare case.
         """
         if not self.tree:
             return []
@@ -119,11 +297,9 @@ class Child:
         return killed
 
     def rss(self) -> int:
-        """Resident memory of the child and its descendants, in bytes.
-
-        The walk also refreshes ``descendants``: should the child crash, a descendant that
-        left its process group is still known and killed with the rest.
-        """
+        """Resident memory of the child and its descendants, in bytes (refreshes descendants)."""
+        if not self.pid:
+            return 0
         try:
             proc = psutil.Process(self.pid)
             total = proc.memory_info().rss
@@ -138,56 +314,12 @@ class Child:
             return 0
 
     def tag(self) -> str:
-        if self.attempt is not None:
-            return f"job={self.attempt.job_id} attempt={self.attempt.attempt}"
-        return f"child={self.pid}"
-
-    def output(self, fd: int, data: bytes, stream: str) -> None:
-        buf = self._partial.setdefault(fd, bytearray())
-        buf += data
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > _MAX_LINE:
-                    self._emit(bytes(buf[:_MAX_LINE]), stream)
-                    del buf[:_MAX_LINE]
-                    continue
-                break
-            self._emit(bytes(buf[:nl]), stream)
-            del buf[: nl + 1]
-
-    def flush_output(self, fd: int, stream: str) -> None:
-        buf = self._partial.pop(fd, None)
-        if buf:
-            self._emit(bytes(buf), stream)
-
-    def _emit(self, line: bytes, stream: str) -> None:
-        text = line.decode("utf-8", errors="backslashreplace").rstrip("\r")
-        extra: dict[str, object] = {"stream": stream, "child_pid": self.pid}
-        if self.attempt is not None:
-            extra.update(job_id=self.attempt.job_id, attempt=self.attempt.attempt,
-                         queue=self.attempt.queue)
-        out_log.info("%s %s", self.tag(), text, extra=extra)
+        return self.label.tag() if self.label is not None else f"child={self.pid}"
 
 
-class Forker(Protocol):
-    """Starts worker processes by forking a warm zygote (``--isolation fresh``)."""
-
-    def fork(self, control_fd: int, events_fd: int, out_fd: int, err_fd: int) -> int: ...
-
-    def watch(self, pid: int, on_exit: Callable[[int], None]) -> None: ...
-
-
-def spawn_child(
-    app: str,
-    env: dict[str, str],
-    generation: int,
-    loop: asyncio.AbstractEventLoop,
-    on_message: Callable[[Child, Message], None],
-    on_exit: Callable[[Child], None],
-    forker: Forker | None = None,
-) -> Child:
-    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a fork of the zygote.
+def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.AbstractEventLoop,
+                owner: Owner, output_rate: float, forker: Forker | None = None) -> Child:
+    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a zygote's fork.
 
     Never a fork of this process, which has threads and database connections.
     """
@@ -195,151 +327,41 @@ def spawn_child(
     ev_r, ev_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    proc: subprocess.Popen[bytes] | None = None
+    ours = (ctl_w, ev_r, out_r, err_r)
+    theirs = (ctl_r, ev_w, out_w, err_w)
+    for fd in ours:
+        os.set_inheritable(fd, False)
+    os.set_blocking(ctl_w, False)
+    child = Child(loop=loop, owner=owner, generation=generation, control_fd=ctl_w,
+                  events_fd=ev_r, out_fd=out_r, err_fd=err_r, output=OutputLog(0, output_rate))
     try:
         if forker is not None:
-            pid = forker.fork(ctl_r, ev_w, out_w, err_w)
+            def forked(pid: int) -> None:
+                child.pid = child.output.pid = pid
+
+            forker.fork((ctl_r, ev_w, out_w, err_w), forked, child._exited)
         else:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.child", "--app", app,
                  "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
-                pass_fds=(ctl_r, ev_w),
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                start_new_session=True,
-                env=env,
+                pass_fds=(ctl_r, ev_w), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                start_new_session=True, env=env,
             )
-            pid = proc.pid
+            child.pid = child.output.pid = proc.pid
+            pidfd = os.pidfd_open(proc.pid)
+
+            def reaped() -> None:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+                child._exited(proc.wait())
+
+            loop.add_reader(pidfd, reaped)
     except BaseException:
-        for fd in (ctl_w, ev_r, out_r, err_r):
+        for fd in ours:
             os.close(fd)
         raise
     finally:
-        for fd in (ctl_r, ev_w, out_w, err_w):
+        for fd in theirs:
             os.close(fd)
-    for fd in (ctl_w, ev_r, out_r, err_r):
-        os.set_inheritable(fd, False)
-    child = Child(pid=pid, control_fd=ctl_w, events_fd=ev_r, generation=generation)
-    streams = {out_r: "stdout", err_r: "stderr"}
-
-    def read_events() -> None:
-        try:
-            data = os.read(ev_r, 1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            loop.remove_reader(ev_r)
-            return
-        try:
-            messages = child.reader.feed(data)
-        except ProtocolError as exc:
-            log.error("%s: corrupt event stream (%s); killing the child", child.tag(), exc)
-            loop.remove_reader(ev_r)
-            child.signal_group(signal.SIGKILL)
-            return
-        for msg in messages:
-            if msg.get("t") == "ready":
-                child.tree = str(msg.get("tree") or "") or None
-            elif msg.get("t") == "done":
-                # The handler's last output was written before its result: log it while the
-                # attempt is still the child's, so that it carries its job id and attempt,
-                # an unfinished last line (a progress bar, a prompt) included.
-                drain_output()
-            on_message(child, msg)
-
-    def drain_output(limit: int = 4 << 20) -> None:
-        """Log what the output pipes hold now, an unfinished last line included.
-
-        Bounded: a leftover process may still be writing.
-        """
-        for fd, stream in streams.items():
-            budget = limit
-            while budget > 0:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except (BlockingIOError, OSError):
-                    break
-                if not data:
-                    break
-                budget -= len(data)
-                child.output(fd, data, stream)
-            child.flush_output(fd, stream)
-
-    def read_output(fd: int) -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            loop.remove_reader(fd)
-            child.flush_output(fd, streams[fd])
-            return
-        child.output(fd, data, streams[fd])
-
-    def exited(code: int) -> None:
-        # Whatever the child wrote before dying is still in the pipes: read it first, its
-        # output before its events (a result would end the attempt the output belongs to).
-        drain_output()
-        while True:
-            try:
-                data = os.read(ev_r, 1 << 20)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            try:
-                for msg in child.reader.feed(data):
-                    on_message(child, msg)
-            except ProtocolError:
-                break
-        drain_output()
-        child.returncode = code
-        if child.attempt is not None:  # it died mid-attempt: its own cleanup did not run
-            killed = child.kill_marked()
-            if killed:
-                log.warning("%s: the child died and left processes %s running; killed them",
-                            child.tag(), ", ".join(map(str, killed)),
-                            extra={"job_id": child.attempt.job_id, "attempt": child.attempt.attempt})
-        on_exit(child)
-        for fd in (ev_r, *streams):
-            loop.remove_reader(fd)
-            os.close(fd)
-        child.close_control()
-
-    if proc is not None:
-        popen = proc
-        pidfd = os.pidfd_open(pid)
-
-        def reaped() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            exited(popen.wait())
-
-        loop.add_reader(pidfd, reaped)
-    else:
-        assert forker is not None
-        forker.watch(pid, exited)
-
-    os.set_blocking(ev_r, False)
-    loop.add_reader(ev_r, read_events)
-    for fd in streams:
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, read_output, fd)
+    child._watch()
     return child
-
-
-def describe_exit(returncode: int) -> str:
-    """How a child ended, in the words `last_error` uses."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        hint = " (perhaps out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"child exited with code {returncode}"

@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import click
 import psycopg
@@ -25,12 +27,20 @@ from atlantis.app import load_app
 from atlantis.declarations import JobDecl
 from atlantis.errors import AtlantisError
 from atlantis.store import connect, migrate, sync
-from atlantis.store.database import ENV_URL, announce, redact, resolve_url
+from atlantis.store.database import (
+    ENV_URL,
+    announce,
+    check_url,
+    describe_db_error,
+    redact,
+    resolve_url,
+)
 from atlantis.supervisor import logs
-from atlantis.supervisor.config import SupervisorConfig
+from atlantis.supervisor.settings import from_options
+from atlantis.supervisor.settings import options as settings_options
 from atlantis.supervisor.supervisor import Supervisor
 from atlantis.supervisor.systemd import Notifier
-from atlantis.units import format_duration, parse_duration, parse_size
+from atlantis.units import format_duration
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -46,91 +56,63 @@ def _fail(message: str) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--queue", "queues", multiple=True, required=True, help="Queue to serve (repeatable).")
-@click.option("--app", envvar="ATLANTIS_APP", help="package.module:registry (or ATLANTIS_APP).")
-@click.option("--concurrency", type=int, default=None, help="Children; default: number of CPUs.")
-@click.option("--drain-timeout", default="30s", show_default=True)
-@click.option("--kill-grace", default="10s", show_default=True)
-@click.option("--isolation", type=click.Choice(["reuse", "fresh"]), default="reuse", show_default=True)
-@click.option("--max-jobs-per-child", type=int, default=0, help="Recycle a child after N attempts.")
-@click.option("--max-memory-per-child", default=None, help="e.g. 512MB, 2GB (powers of 1024).")
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True,
-              help="Address for the metrics server (0.0.0.0 for remote scraping).")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--database-url", default=None, help=f"libpq URL; default ${ENV_URL} or embedded.")
-@click.option("--poll-interval", default="1s", show_default=True, hidden=True)
-@click.option("--rescue-interval", default="5s", show_default=True, hidden=True)
-@click.option("--startup-timeout", default="60s", show_default=True,
-              help="How long to wait for an unreachable database at start before exiting 1.")
-def main(
-    queues: tuple[str, ...], app: str | None, concurrency: int | None, drain_timeout: str,
-    kill_grace: str, isolation: str, max_jobs_per_child: int, max_memory_per_child: str | None,
-    metrics_port: int | None, metrics_host: str, log_format: str, database_url: str | None, poll_interval: str,
-    rescue_interval: str, startup_timeout: str,
-) -> None:
+@settings_options
+def main(**values: Any) -> None:
     """Claim jobs from QUEUEs and run every attempt in a supervised child process."""
     # A stop signal that arrives while we start up is kept and honoured once the loop runs.
     early: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: early.append(signum))
-    logs.setup(log_format)
+    logs.setup(values.get("log_format") or "text")
     try:
-        registry = load_app(app)
-        config = SupervisorConfig(
-            app=app or os.environ["ATLANTIS_APP"],
-            database_url="",
-            queues=queues,
-            # 0 is a mistake to report, not a request for the default.
-            concurrency=concurrency if concurrency is not None else os.cpu_count() or 1,
-            drain_timeout=parse_duration(drain_timeout),
-            kill_grace=parse_duration(kill_grace),
-            isolation=isolation,
-            max_jobs_per_child=max_jobs_per_child,
-            max_memory_per_child=parse_size(max_memory_per_child) if max_memory_per_child else 0,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-            log_format=log_format,
-            poll_interval=parse_duration(poll_interval),
-            rescue_interval=parse_duration(rescue_interval),
-        ).validate()
-        startup_budget = parse_duration(startup_timeout)
+        settings = from_options(values)
+        registry = load_app(settings.app or None)
+        if not settings.app:
+            settings = replace(settings, app=os.environ["ATLANTIS_APP"])
     except (AtlantisError, ValueError) as exc:
         _fail(str(exc))
         return
     if not registry.registrations:
-        _fail(f"--app {config.app}: no handler is registered")
-    explicit = database_url or os.environ.get(ENV_URL)
+        _fail(f"--app {settings.app}: no handler is registered")
+    explicit = settings.database_url or os.environ.get(ENV_URL)
     try:
         url = resolve_url(explicit)
     except Exception as exc:  # the embedded server could not start
         _fail(f"cannot start the embedded PostgreSQL: {exc}")
         return
-    if log_format == "json":
+    try:
+        check_url(url)
+        if settings.handler_database_url:
+            check_url(settings.handler_database_url)
+    except ValueError as exc:  # the message is already free of any password
+        _fail(f"--database-url: {exc}" if url == explicit else str(exc))
+        return
+    if settings.log_format == "json":
         # Every line on stderr is then JSON, this one included.
         kind = "database" if explicit else "embedded PostgreSQL"
         logging.getLogger("atlantis.supervisor").info("using %s %s", kind, redact(url))
     else:
         announce(url, embedded=not explicit)
     try:
-        _prepare(url, list(registry.decls.values()), startup_budget, early)
+        _prepare(url, list(registry.decls.values()), settings.startup_timeout, early)
     except psycopg.OperationalError as exc:
         if early:  # asked to stop while we waited: that is a clean stop
             sys.exit(0)
-        click.echo(f"atlantis-supervise: database unreachable for {format_duration(startup_budget)}, "
-                   f"giving up: {_first_line(exc)}", err=True)
+        click.echo(f"atlantis-supervise: database unreachable for "
+                   f"{format_duration(settings.startup_timeout)}, giving up: "
+                   f"{_first_line(exc, url)}", err=True)
         sys.exit(EXIT_UNAVAILABLE)
     except psycopg.Error as exc:
-        _fail(f"cannot prepare the database: {_first_line(exc)}")
-    config = SupervisorConfig(**{**config.__dict__, "database_url": url})
-    code = asyncio.run(Supervisor(config, registry, early_signals=early).run())
+        _fail(f"cannot prepare the database: {_first_line(exc, url)}")
+    settings = replace(settings, database_url=url)
+    code = asyncio.run(Supervisor(settings, registry, early_signals=early).run())
     logging.shutdown()
     sys.exit(code)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+def _first_line(exc: BaseException, url: str = "") -> str:
+    """The error on one line, with nothing of the database URL's password in it."""
+    return describe_db_error(exc, url)
 
 
 def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) -> None:
@@ -147,7 +129,7 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
 
     def waiting(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
-        error = _first_line(exc) if exc is not None else "?"
+        error = _first_line(exc, url) if exc is not None else "?"
         log.warning("waiting for the database (up to %s): %s", format_duration(budget), error)
         notifier.notify(f"STATUS=waiting for the database: {error}")
 

@@ -16,6 +16,13 @@ Reconnection backs off exponentially with jitter per connection, and the backoff
 a single call, so a loop that retries every tick does not hammer a server that is down
 (nor spin the CPU): a call whose next permitted attempt lies past its deadline waits out
 the deadline and fails.
+
+Errors are classified (:func:`classify`): a statement the server refused because of the
+data it carries (SQLSTATE classes 22, 23, 54) raises :class:`StatementRejected`, so that
+the caller can find the offending row and fail only that one; everything else (a broken
+connection, 57P, 25xxx such as a read-only standby, XX, and whatever else the server may
+say) is :class:`DatabaseUnavailable`: an outage to ride out with backoff. The supervisor
+never exits because of a database error.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
+from atlantis.store.database import scrub
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -47,6 +55,40 @@ STILL_DOWN_EVERY = 30.0
 """While the database stays unreachable, say so again this often."""
 
 
+T = TypeVar("T")
+
+DATA_ERROR_CLASSES = ("22", "23", "54")
+"""SQLSTATE classes of errors caused by a statement's data: data exception, integrity
+constraint violation, program limit exceeded (a row or value too large)."""
+
+
+class StatementRejected(Exception):  # noqa: N818 - reads better at the except sites
+    """The server refused the statement because of the data it carries; nothing was written.
+
+    Retrying the same statement cannot help; retrying its rows one by one finds the bad one.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+def classify(exc: BaseException) -> str:
+    """``rejected`` for errors caused by the statement's data, else ``outage``.
+
+    Data the driver refuses before sending anything (a NUL in a text parameter, a value it
+    cannot adapt) is rejected too.
+    """
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate[:2] in DATA_ERROR_CLASSES:
+        return "rejected"
+    if isinstance(exc, psycopg.DataError | psycopg.IntegrityError):
+        return "rejected"
+    if not isinstance(exc, psycopg.Error) and isinstance(exc, ValueError | TypeError | OverflowError):
+        return "rejected"
+    return "outage"
+
+
 class DatabaseUnavailable(Exception):  # noqa: N818 - reads better at the except sites
     """The statement did not complete: the database is unreachable, the connection broke,
     no answer came in time, or the server refused it for a transient reason.
@@ -60,8 +102,9 @@ class DatabaseUnavailable(Exception):  # noqa: N818 - reads better at the except
         self.sent = sent
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+def _describe(exc: BaseException, url: str = "") -> str:
+    """The error's first line, with nothing of the database URL's password in it."""
+    text = scrub(str(exc), url).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 
@@ -142,11 +185,13 @@ class Db:
                                                        transaction=transaction)
         return rows
 
-    async def fetch_dicts(
-        self, query: LiteralString, params: dict[str, Any] | None = None, *, timeout: float = 30.0
-    ) -> list[dict[str, Any]]:
-        """As :meth:`fetch`, with rows as dicts keyed by column name."""
-        rows: list[dict[str, Any]] = await self._call(query, params, timeout, dicts=True)
+    async def fetch_rows(
+        self, row: type[T], query: LiteralString, params: dict[str, Any] | None = None, *,
+        timeout: float = 30.0, transaction: bool = False,
+    ) -> list[T]:
+        """As :meth:`fetch`, with rows read into ``row`` (a dataclass) by column name."""
+        rows: list[T] = await self._call(query, params, timeout, dicts=row,
+                                         transaction=transaction)
         return rows
 
     async def notifications(self, period: float) -> AsyncIterator[str]:
@@ -164,7 +209,7 @@ class Db:
                     yield note.payload
             except psycopg.OperationalError as exc:
                 await self._lost(conn, exc)
-                raise DatabaseUnavailable(_describe(exc)) from exc
+                raise DatabaseUnavailable(_describe(exc, self.url)) from exc
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -176,7 +221,7 @@ class Db:
     # ---- internals ------------------------------------------------------------------------
 
     async def _call(self, query: LiteralString, params: dict[str, Any] | None, timeout: float,
-                    *, dicts: bool, transaction: bool = False) -> Any:
+                    *, dicts: type[Any] | bool, transaction: bool = False) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
@@ -214,7 +259,7 @@ class Db:
                         keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                     )
             except (psycopg.OperationalError, TimeoutError) as exc:
-                self._last_error = _describe(exc) if str(exc).strip() else "connection attempt timed out"
+                self._last_error = _describe(exc, self.url) if str(exc).strip() else "connection attempt timed out"
                 self._failures += 1
                 self._retry_at = loop.time() + self._backoff()
                 self.health.failed(self.role, self._last_error)
@@ -238,7 +283,7 @@ class Db:
         return float(_BACKOFF(state))
 
     async def _run(self, conn: psycopg.AsyncConnection[Any], query: LiteralString,
-                   params: dict[str, Any] | None, deadline: float, *, dicts: bool,
+                   params: dict[str, Any] | None, deadline: float, *, dicts: type[Any] | bool,
                    transaction: bool) -> Any:
         loop = asyncio.get_running_loop()
         if loop.time() >= deadline:  # the wait for our turn used it all: do not start
@@ -259,22 +304,32 @@ class Db:
             raise DatabaseUnavailable(error, sent=True)
         try:
             result = task.result()
-        except psycopg.OperationalError as exc:
-            if conn.closed or conn.broken:
+        except Exception as exc:
+            rejected = classify(exc) == "rejected"
+            if conn.closed or getattr(conn, "broken", False) or (
+                    not rejected and not isinstance(exc, psycopg.Error)):
                 await self._lost(conn, exc)
-                raise DatabaseUnavailable(_describe(exc), sent=True) from exc
-            # The server answered but refused (deadlock, lock or statement timeout, too many
-            # connections...): it is reachable, the statement did not run; callers retry.
+                raise DatabaseUnavailable(_describe(exc, self.url), sent=True) from exc
             self.health.answered()
-            log.warning("database %s: %s", self.role, _describe(exc))
-            raise DatabaseUnavailable(_describe(exc)) from exc
+            if rejected:
+                raise StatementRejected(_describe(exc, self.url), getattr(exc, "sqlstate", None)) from exc
+            assert isinstance(exc, psycopg.Error)
+            # The server answered but refused for another reason (deadlock, lock or
+            # statement timeout, too many connections, a read-only standby, an internal
+            # error...): the statement did not run; callers retry with backoff.
+            log.warning("database %s: %s (SQLSTATE %s)", self.role, _describe(exc, self.url), exc.sqlstate)
+            raise DatabaseUnavailable(_describe(exc, self.url)) from exc
         self.health.answered()
         return result
 
     @staticmethod
     async def _execute(conn: psycopg.AsyncConnection[Any], query: LiteralString,
-                       params: dict[str, Any] | None, *, dicts: bool, transaction: bool) -> Any:
-        cur = conn.cursor(row_factory=dict_row) if dicts else conn.cursor()
+                       params: dict[str, Any] | None, *, dicts: type[Any] | bool,
+                       transaction: bool) -> Any:
+        if isinstance(dicts, type):
+            cur: Any = conn.cursor(row_factory=class_row(dicts))
+        else:
+            cur = conn.cursor(row_factory=dict_row) if dicts else conn.cursor()
         if not transaction:
             await cur.execute(query, params)
             return await cur.fetchall() if cur.description else []
@@ -290,7 +345,7 @@ class Db:
         """
         if self._conn is conn:
             self._conn = None
-        self._last_error = _describe(exc)
+        self._last_error = _describe(exc, self.url)
         log.info("database connection %s lost: %s", self.role, self._last_error)
         await self._close_quietly(conn)
 

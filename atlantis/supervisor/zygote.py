@@ -1,14 +1,18 @@
 """The supervisor's side of the zygote (``--isolation fresh``): start it, ask it to fork.
 
 The zygote is started like a child (a fresh interpreter that imports the app), then forks
-one worker per attempt on request. Its workers are its own children: it reaps them and
-reports their exit codes here. If the zygote dies, its workers die with it (parent-death
-signal) and are reported killed; a new zygote is started.
+one worker per attempt on request. Requests and answers are asynchronous: a ``Fork``
+packet carries a token and the worker's four descriptors, the ``Forked`` answer names the
+token and the pid; the event loop never waits for it. Workers are the zygote's children:
+it reaps them and reports their exit codes here. If the zygote dies, its workers die with
+it (parent-death signal) and are reported killed, forks it never answered too; a new
+zygote is started. Every packet is validated; a malformed one kills the zygote.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -17,29 +21,40 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-import orjson
+from atlantis.protocol.framing import ProtocolError
+from atlantis.protocol.messages import (
+    Exited,
+    Fork,
+    Forked,
+    Unsafe,
+    ZygoteFatal,
+    ZygoteReady,
+    decode,
+    dumps,
+)
 
 log = logging.getLogger("atlantis.supervisor")
 out_log = logging.getLogger("atlantis.output")
 
+_FROM_ZYGOTE = (Forked, Exited, ZygoteReady, ZygoteFatal, Unsafe)
 FORK_TIMEOUT = 10.0
-
-
-class ZygoteGone(Exception):  # noqa: N818 - reads better at the except sites
-    """The zygote died or stopped answering."""
+"""A fork the zygote has not answered by then counts as failed."""
 
 
 class Zygote:
     def __init__(self, app: str, env: dict[str, str], loop: asyncio.AbstractEventLoop,
-                 on_ready: Callable[[], None], on_dead: Callable[[Zygote], None]) -> None:
+                 generation: int, on_ready: Callable[[], None],
+                 on_dead: Callable[[Zygote], None]) -> None:
         self.loop = loop
-        self.generation = 0
+        self.generation = generation
         self.ready = False
         self.dead = False
         self.unsafe: str | None = None
         """Why forking this app is unsafe (it has threads after import), if it is."""
         self._on_ready = on_ready
         self._on_dead = on_dead
+        self._tokens = itertools.count(1)
+        self._forking: dict[int, tuple[Callable[[int], None], Callable[[int], None]]] = {}
         self._watchers: dict[int, Callable[[int], None]] = {}
         self._early_exits: dict[int, int] = {}
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -68,45 +83,44 @@ class Zygote:
 
     @property
     def watching(self) -> bool:
-        """Whether some of its workers are still alive."""
-        return bool(self._watchers)
+        """Whether some of its workers are still alive (or being forked)."""
+        return bool(self._watchers or self._forking)
 
-    def fork(self, control_fd: int, events_fd: int, out_fd: int, err_fd: int) -> int:
-        """Fork a worker that serves on the given descriptors; returns its pid."""
+    def fork(self, fds: tuple[int, int, int, int], on_forked: Callable[[int], None],
+             on_exit: Callable[[int], None]) -> None:
+        """Ask for a worker serving on ``fds``; ``on_forked(pid)``, later ``on_exit(code)``.
+
+        Never blocks and never raises: a zygote that cannot take the request is killed,
+        and the worker is reported as killed (``on_exit``, called soon, not now).
+        """
+        token = next(self._tokens)
         if self.dead or not self.ready:
-            raise ZygoteGone("the zygote is not ready")
+            self.loop.call_soon(on_exit, -signal.SIGKILL)
+            return
         try:
-            # The reply comes within milliseconds; exit reports may arrive before it.
-            self._sock.settimeout(FORK_TIMEOUT)
-            socket.send_fds(self._sock, [orjson.dumps({"t": "fork"})],
-                            [control_fd, events_fd, out_fd, err_fd])
-            while True:
-                data = self._sock.recv(65536)
-                if not data:
-                    raise ZygoteGone("the zygote closed its socket")
-                msg = orjson.loads(data)
-                if msg.get("t") == "forked":
-                    return int(msg["pid"])
-                # Later, not now: handling an exit may start a worker, re-entering fork().
-                self.loop.call_soon(self._handle, msg)
+            socket.send_fds(self._sock, [dumps(Fork(token=token))], list(fds))
         except OSError as exc:
+            log.error("the zygote did not take a fork request (%s); restarting it", exc)
+            self.loop.call_soon(on_exit, -signal.SIGKILL)
             self.kill()
-            raise ZygoteGone(f"the zygote did not fork: {exc}") from exc
-        finally:
-            if not self.dead:
-                self._sock.setblocking(False)
+            return
+        self._forking[token] = (on_forked, on_exit)
+        self.loop.call_later(FORK_TIMEOUT, self._fork_overdue, token)
 
-    def watch(self, pid: int, on_exit: Callable[[int], None]) -> None:
-        if pid in self._early_exits:
-            code = self._early_exits.pop(pid)
-            self.loop.call_soon(on_exit, code)
-        else:
-            self._watchers[pid] = on_exit
+    def _fork_overdue(self, token: int) -> None:
+        """A fork never answered (the system refused it): the zygote is of no use any more."""
+        if token in self._forking and not self.dead:
+            log.error("the zygote did not answer a fork request in %.0fs; restarting it",
+                      FORK_TIMEOUT)
+            self.kill()  # its exit reports every pending fork as killed
 
     def close(self) -> None:
         """EOF on its socket ends the zygote; its idle workers end on their own EOF."""
         if not self.dead:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def kill(self) -> None:
         try:
@@ -114,25 +128,41 @@ class Zygote:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _handle(self, msg: dict[str, object]) -> None:
-        kind = msg.get("t")
-        if kind == "ready":
+    def _handle(self, body: bytes) -> None:
+        try:
+            msg = decode(body, expect=_FROM_ZYGOTE)
+        except ProtocolError as exc:
+            log.error("the zygote sent an invalid message (%s); killing it", exc)
+            self.kill()
+            return
+        if isinstance(msg, Forked):
+            pending = self._forking.pop(msg.token, None)
+            if pending is None:
+                log.error("the zygote answered a fork nobody asked for; killing it")
+                self.kill()
+                return
+            on_forked, on_exit = pending
+            on_forked(msg.pid)
+            if msg.pid in self._early_exits:
+                on_exit(self._early_exits.pop(msg.pid))
+            else:
+                self._watchers[msg.pid] = on_exit
+        elif isinstance(msg, Exited):
+            watcher = self._watchers.pop(msg.pid, None)
+            if watcher is None:
+                self._early_exits[msg.pid] = msg.code
+            else:
+                watcher(msg.code)
+        elif isinstance(msg, ZygoteReady):
             self.ready = True
             self._on_ready()
-        elif kind == "exit":
-            pid, code = int(str(msg["pid"])), int(str(msg["code"]))
-            watcher = self._watchers.pop(pid, None)
-            if watcher is None:
-                self._early_exits[pid] = code
-            else:
-                watcher(code)
-        elif kind == "fatal":
-            log.error("the zygote could not load the app: %s", msg.get("error"))
-        elif kind == "unsafe":
-            self.unsafe = str(msg.get("reason"))
+        elif isinstance(msg, ZygoteFatal):
+            log.error("the zygote could not load the app: %s", msg.error)
+        elif isinstance(msg, Unsafe):
+            self.unsafe = msg.reason
 
     def _read_messages(self) -> None:
-        while True:
+        while not self.dead:
             try:
                 data = self._sock.recv(65536)
             except (BlockingIOError, InterruptedError):
@@ -142,7 +172,7 @@ class Zygote:
             if not data:
                 self.loop.remove_reader(self._sock.fileno())
                 return
-            self._handle(orjson.loads(data))
+            self._handle(data)
 
     def _read_output(self) -> None:
         try:
@@ -170,8 +200,10 @@ class Zygote:
         assert self.proc.stdout is not None
         self.proc.stdout.close()
         watchers, self._watchers = self._watchers, {}
-        if watchers:
-            log.error("the zygote exited (code %d); %d workers die with it", code, len(watchers))
+        forking, self._forking = self._forking, {}
+        if watchers or forking:
+            log.error("the zygote exited (code %d); %d workers die with it", code,
+                      len(watchers) + len(forking))
         for pid, watcher in watchers.items():
             # Workers die with their parent; make sure, then report them killed.
             try:
@@ -179,4 +211,6 @@ class Zygote:
             except (ProcessLookupError, PermissionError):
                 pass
             watcher(-signal.SIGKILL)
+        for _, on_exit in forking.values():
+            on_exit(-signal.SIGKILL)
         self._on_dead(self)

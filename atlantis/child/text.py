@@ -1,0 +1,128 @@
+"""What a handler hands back (exceptions, reasons, delays, progress) made fit for a message.
+
+Every function here accepts anything and never raises, except :class:`Terminated`, which is
+let through so that a SIGTERM still ends the attempt: a ``__str__`` or ``__repr__`` that
+raises, a str subclass with hostile methods, a metaclass with an odd ``__name__``, a NaN.
+Every string it returns is an exact ``str`` passed through :func:`messages.clean` (no NUL,
+no lone surrogate) and clipped, so ``encode()`` of a message built from them cannot fail
+and the frame stays far below the events pipe's frame limit.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+
+from atlantis.child.exits import Terminated
+from atlantis.protocol.messages import ChildError, ErrorKind, clean
+
+#: Error messages and tracebacks past this size are cut (a 10 MB message would otherwise be
+#: stored, twice, in the row's ``errors`` and ``last_error``).
+MAX_ERROR_CHARS = 64 * 1024
+#: Checkpoint messages are cut to this (the server keeps 256 characters).
+MAX_CHECKPOINT_CHARS = 1024
+#: A leftover's description is cut to this.
+MAX_LEFTOVER_CHARS = 200
+#: The longest snooze the child reports: ten years (the supervisor clamps further).
+MAX_SNOOZE = 315_360_000.0
+UNPRINTABLE = "<unprintable>"
+
+_type_name = type.__dict__["__name__"].__get__
+
+
+def text_of(value: object, convert: Callable[[object], str] = str,
+            fallback: str = UNPRINTABLE) -> str:
+    """``convert(value)`` as an exact, cleaned ``str``; ``fallback`` if that fails."""
+    if type(value) is str and convert is str:
+        return clean(value)
+    try:
+        text = convert(value)
+        # An exact copy: a str subclass may override replace, encode, slicing...
+        return clean(str.__add__("", text))
+    except Terminated:
+        raise
+    except BaseException:  # a handler's object may raise anything, SystemExit included
+        return fallback
+
+
+def type_name(value: object) -> str:
+    """The name of ``value``'s class, whatever its metaclass makes of ``__name__``."""
+    try:
+        return text_of(_type_name(type(value)), fallback="<unknown type>")
+    except Terminated:
+        raise
+    except BaseException:
+        return "<unknown type>"
+
+
+def clip(text: str, head: int, tail: int = 0) -> str:
+    """``text`` cut to about ``head + tail`` characters, saying how much was dropped."""
+    if len(text) <= head + tail:
+        return text
+    note = f" ... [truncated: {len(text)} characters in all] ... "
+    return text[:head] + note + (text[-tail:] if tail else "")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``__str__`` itself raises."""
+    name = type_name(exc)
+    text = text_of(exc, fallback=f"<unprintable {name}>")
+    return f"{name}: {text}" if text else name
+
+
+def format_traceback(exc: BaseException) -> str | None:
+    try:
+        return text_of("".join(traceback.format_exception(exc)), fallback="")
+    except Terminated:
+        raise
+    except BaseException:  # same: an unprintable exception still fails cleanly
+        return None
+
+
+def child_error(kind: ErrorKind, message: object, exc: BaseException | None = None,
+                tail: int = MAX_ERROR_CHARS // 4) -> ChildError:
+    """The error of a failed attempt: message and traceback cleaned and clipped."""
+    tb = format_traceback(exc) if exc is not None else None
+    return ChildError(
+        kind=kind,
+        message=clip(text_of(message), MAX_ERROR_CHARS),
+        # The frames are at the top, the exception's own text at the bottom: keep both ends.
+        traceback=clip(tb, MAX_ERROR_CHARS - tail, tail) if tb else None,
+    )
+
+
+def snooze_delay(seconds: object) -> float:
+    """A finite, non-negative delay: NaN or negative gives 0, +inf or huge ten years."""
+    try:
+        value = float(seconds)  # type: ignore[arg-type]  # anything a handler assigned
+    except Terminated:
+        raise
+    except BaseException:
+        return 0.0
+    if math.isnan(value) or value < 0:
+        return 0.0
+    return min(value, MAX_SNOOZE)
+
+
+def checkpoint_pct(pct: object) -> float | None:
+    """``None`` for NaN (as the protocol says), infinities clamped to 0 or 100."""
+    try:
+        value = float(pct)  # type: ignore[arg-type]
+    except Terminated:
+        raise
+    except BaseException:
+        return None
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return 100.0 if value > 0 else 0.0
+    return value
+
+
+def checkpoint_msg(msg: object) -> str:
+    return text_of(msg)[:MAX_CHECKPOINT_CHARS]
+
+
+def leftover(text: object) -> str:
+    return clip(text_of(text), MAX_LEFTOVER_CHARS)

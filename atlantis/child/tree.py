@@ -1,0 +1,125 @@
+"""The child's process tree: keep it together, find it, and kill it.
+
+"Tree" means the process group plus every descendant, those that left the group with
+setsid included; as a child subreaper this process also adopts descendants that
+daemonize, so they cannot slip out of the tree either. Every process of the tree carries
+the :data:`TREE_VARIABLE` mark in its environment, by which the supervisor finds those
+that escaped anyway should the child die before it could clean up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import NoReturn
+
+import psutil
+
+from atlantis.child.exits import EXIT_ORPHANED, exit_now, flush_output
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+#: Sent by the kernel when the parent dies; real-time, so no library has a use for it.
+PARENT_DEATH_SIGNAL: int | None = (
+    signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None  # Linux only
+)
+#: Environment variable marking every process of a child's tree (see ``serve``).
+TREE_VARIABLE = "ATLANTIS_TREE"
+
+
+def die_with_parent() -> None:
+    """Have the kernel signal this process when its parent (the supervisor) dies.
+
+    The signal is a dedicated real-time one with a handler that kills this process's whole
+    tree, not a bare SIGKILL: SIGKILL would end this process at once and orphan the
+    handler's subprocesses, which nothing would then ever stop. The watchdog's EOF on the
+    control pipe leads to the same sweep; whichever runs first wins.
+    """
+    if PARENT_DEATH_SIGNAL is None:
+        return
+    signal.signal(PARENT_DEATH_SIGNAL, lambda signum, frame: kill_group())
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(EXIT_ORPHANED)
+
+
+def adopt_orphans() -> None:
+    """Become a child subreaper (Linux).
+
+    A handler's descendant that daemonizes (setsid plus a double fork) is then re-parented
+    to this process instead of init, so it remains a descendant that the leftover sweep
+    here and the supervisor's kill sweep both find. Orphans that exit are reaped after each
+    attempt.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def has_children() -> bool:
+    """Whether this process has any child, running or exited, in one cheap system call.
+
+    No child means no descendant at all (as a subreaper, orphans come back to us as
+    children), so the common case skips psutil's scan of every process on the host.
+    """
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def descendants(recursive: bool = True) -> list[psutil.Process]:
+    if not has_children():
+        return []
+    try:
+        return psutil.Process().children(recursive=recursive)
+    except psutil.Error:
+        return []
+
+
+def kill_descendants(keep: frozenset[psutil.Process] = frozenset()) -> list[psutil.Process]:
+    """SIGKILL every descendant (those that left our process group with setsid included).
+
+    Repeated a few times, since a process may fork while the sweep runs; ``keep`` spares
+    processes that existed before the attempt (the app's own). Returns what was killed.
+    """
+    killed: list[psutil.Process] = []
+    for _ in range(3):
+        found = [p for p in descendants() if p not in keep and p not in killed]
+        if not found:
+            break
+        for p in found:
+            try:
+                p.kill()
+                killed.append(p)
+            except psutil.Error:
+                pass
+    return killed
+
+
+def kill_group() -> NoReturn:
+    """SIGKILL this process's whole tree: descendants outside the group, then the group.
+
+    Only a group this process leads is killed as a group (the supervisor starts every child
+    in a session of its own): run by hand without one, the child kills just its
+    descendants and itself, never its parent's group.
+    """
+    flush_output()
+    try:
+        kill_descendants()
+    finally:
+        try:
+            if os.getpgid(0) == os.getpid():
+                os.killpg(os.getpid(), signal.SIGKILL)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            exit_now(EXIT_ORPHANED)  # pragma: no cover - not reached

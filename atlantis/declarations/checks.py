@@ -1,0 +1,404 @@
+"""Reading `.atl` files into :class:`JobDecl` values: the meaning.
+
+The syntax walk (``parser.py``) hands over raw blocks that keep their tokens; this module
+refuses what the grammar let through (unknown types, repeated jobs, fields and modifiers,
+defaults that do not fit their type, values out of range) and builds the JobDecls. Each
+refusal names the token at fault as ``file:line:column: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, NoReturn
+
+import lark
+
+from atlantis.declarations.model import (
+    BASE_TYPES,
+    DEFAULT_BACKOFF,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    Field,
+    JobDecl,
+)
+from atlantis.declarations.raw import (
+    RawField,
+    RawJob,
+    RawStatement,
+    RawType,
+    Source,
+    Tree,
+    error,
+    position,
+    subtrees,
+    tokens,
+)
+from atlantis.units import parse_duration
+
+__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "TYPES", "check_file"]
+
+#: The argument types as a user writes them, in the order error messages list them.
+TYPES = (
+    "text", "varchar(n)", "int", "bigint", "boolean", "double", "numeric", "uuid",
+    "timestamptz", "date", "jsonb",
+)  # fmt: skip
+
+#: What the database accepts in args (migration 0003), so what a default may hold: jsonb
+#: nested at most this deep, and numbers written in at most this many characters.
+MAX_DEPTH = 64
+MAX_NUMBER_CHARS = 4000
+_READABLE_DEPTH = 200
+
+_INT_RANGES = {"int": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
+_STRING_TYPES = frozenset({"text", "varchar", "uuid", "timestamptz", "date"})
+# PostgreSQL's own ceiling for varchar(n).
+_MAX_VARCHAR = 10_485_760
+_INT32_MAX = 2**31 - 1
+_MAX_DOUBLE = Decimal("1.7976931348623157e308")
+
+_WHOLE = re.compile(r"-?[0-9]+")
+_BARE_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+_STRING_FORMATS = {
+    "uuid": 'a uuid such as "123e4567-e89b-12d3-a456-426614174000"',
+    "date": 'a date such as "2024-01-31"',
+    "timestamptz": 'an ISO 8601 timestamp such as "2024-01-31T12:00:00Z"',
+}
+
+
+def check_file(jobs: list[RawJob], source: Source) -> list[JobDecl]:
+    """The JobDecls of one file, in file order; DeclarationError for the first fault."""
+    return _Checker(source).file(jobs)
+
+
+class _Checker:
+    """Turns raw blocks into JobDecls, refusing what the grammar let through."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.filename = source.filename
+        self.fail = source.fail
+        self.written = source.written
+        self.first_at = source.first_at
+
+    # -- structure
+
+    def file(self, jobs: list[RawJob]) -> list[JobDecl]:
+        decls: list[JobDecl] = []
+        seen: dict[str, JobDecl] = {}
+        for job in jobs:
+            decl = self.job(job)
+            first = seen.get(decl.qualified_name)
+            if first is not None:
+                self.fail(
+                    job.name,
+                    f"job {decl.qualified_name} is declared twice (first at {first.source})",
+                )
+            seen[decl.qualified_name] = decl
+            decls.append(decl)
+        return decls
+
+    def job(self, job: RawJob) -> JobDecl:
+        seen: dict[str, lark.Token] = {}
+        values: dict[str, Any] = {}
+        unique_tokens: tuple[lark.Token, ...] = ()
+        for statement in job.statements:
+            modifier = statement.modifier
+            head = statement.head
+            if modifier in seen:
+                self.fail(head, f"duplicate modifier '{modifier}' {self.first_at(seen[modifier])}")
+            seen[modifier] = head
+            if modifier == "args":
+                values["fields"] = self.fields(statement)
+            elif modifier == "unique":
+                unique_tokens = self.unique(statement)
+                values["unique"] = tuple(str(t) for t in unique_tokens)
+            else:
+                assert statement.value is not None
+                values[modifier] = self.modifier(modifier, statement.value)
+        declared = {f.name for f in values.get("fields", ())}
+        for token in unique_tokens:
+            if str(token) not in declared:
+                self.fail(token, f"unique field '{token}' is not declared in args")
+        return JobDecl(
+            name=str(job.name),
+            namespace=str(job.namespace),
+            fields=values.get("fields", ()),
+            retries=values.get("retries", DEFAULT_RETRIES),
+            timeout=values.get("timeout", DEFAULT_TIMEOUT),
+            heartbeat=values.get("heartbeat", DEFAULT_HEARTBEAT),
+            queue=values.get("queue", DEFAULT_QUEUE),
+            priority=values.get("priority", DEFAULT_PRIORITY),
+            unique=values.get("unique", ()),
+            backoff=values.get("backoff", DEFAULT_BACKOFF),
+            source=f"{self.filename}:{job.keyword.line}",
+        )
+
+    def modifier(self, modifier: str, value: lark.Token) -> Any:
+        if modifier == "retries":
+            # max_attempts (retries + 1) is stored as an int.
+            return self.whole_number(value, "retries", 0, _INT32_MAX - 1)
+        if modifier == "priority":
+            return self.whole_number(value, "priority", -_INT32_MAX - 1, _INT32_MAX)
+        if modifier == "queue":
+            queue = self.string(value)
+            if not queue:
+                self.fail(value, "queue name must not be empty")
+            return queue
+        # timeout, heartbeat, backoff: a zero timeout or lease could never be met.
+        return self.duration(value, modifier, positive=modifier != "backoff")
+
+    def unique(self, statement: RawStatement) -> tuple[lark.Token, ...]:
+        seen: set[str] = set()
+        for token in statement.names:
+            if str(token) in seen:
+                self.fail(token, f"field '{token}' is listed twice in unique")
+            seen.add(str(token))
+        return statement.names
+
+    def fields(self, statement: RawStatement) -> tuple[Field, ...]:
+        fields: list[Field] = []
+        seen: dict[str, lark.Token] = {}
+        for raw in statement.fields:
+            name = raw.name
+            if str(name) in seen:
+                self.fail(name, f"duplicate field '{name}' {self.first_at(seen[str(name)])}")
+            seen[str(name)] = name
+            fields.append(self.field(raw))
+        return tuple(fields)
+
+    def field(self, raw: RawField) -> Field:
+        base, length, array = self.type(raw.type)
+        not_null: lark.Token | None = None
+        default: Tree | None = None
+        for option in raw.options:
+            if option.kind == "not_null":
+                if not_null is not None:
+                    self.fail(option.head, "'not null' is given twice")
+                not_null = option.head
+            else:
+                if default is not None:
+                    self.fail(option.head, "'default' is given twice")
+                default = option.value
+        value = None
+        if default is not None:
+            value = self.default(default, base, length, array, not_null is not None)
+        return Field(
+            name=str(raw.name),
+            type=base,
+            length=length,
+            array=array,
+            not_null=not_null is not None,
+            has_default=default is not None,
+            default=value,
+        )
+
+    def type(self, raw: RawType) -> tuple[str, int | None, bool]:
+        base = raw.base
+        if base not in BASE_TYPES:
+            self.fail(base, f"unknown type '{base}' (expected one of: {', '.join(TYPES)})")
+        length: int | None = None
+        if raw.length is not None:
+            if base != "varchar":
+                self.fail(raw.length, f"only varchar takes a length, not {base}")
+            length = self.whole_number(raw.length, "varchar length", 1, _MAX_VARCHAR)
+        if base == "varchar" and length is None:
+            self.fail(base, "varchar needs a length, as in varchar(64)")
+        return str(base), length, raw.array
+
+    # -- values
+
+    def whole_number(self, token: lark.Token, what: str, low: int, high: int) -> int:
+        if not _WHOLE.fullmatch(token):
+            self.fail(token, f"{what} must be a whole number, not {self.written(token)}")
+        # Past 30 digits the number is out of every range asked for here, and int() would
+        # refuse one of thousands of digits.
+        digits = token.lstrip("-").lstrip("0")
+        if len(digits) > 30:
+            number = -(10**30) if token.startswith("-") else 10**30
+        else:
+            number = int(token)
+        if number < low:
+            self.fail(token, f"{what} must be at least {low}, not {self.written(token)}")
+        if number > high:
+            self.fail(token, f"{what} must be at most {high}, not {self.written(token)}")
+        return number
+
+    def duration(self, token: lark.Token, what: str, *, positive: bool) -> float:
+        # parse_duration reads a bare number as seconds; in a file, `timeout 30` is more
+        # likely a forgotten unit than a decision, so it is refused.
+        if _BARE_NUMBER.fullmatch(token):
+            self.fail(
+                token,
+                f"duration {self.written(token)} needs a unit: ms, s, m, h or d (as in {token}s)",
+            )
+        try:
+            seconds = parse_duration(str(token))
+        except ValueError:
+            self.fail(
+                token,
+                f"invalid duration {self.written(token)} (use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m)",
+            )
+        if positive and seconds <= 0:
+            self.fail(token, f"{what} must be longer than 0, not {self.written(token)}")
+        return seconds
+
+    def string(self, token: lark.Token) -> str:
+        try:
+            value = json.loads(str(token), strict=False)
+        except json.JSONDecodeError as exc:
+            line, column = position(token)
+            what = f"invalid string {self.written(token)}: {exc.msg}"
+            raise error(self.filename, line, column + exc.pos, what) from None
+        assert isinstance(value, str)
+        return value
+
+    def literal(self, tree: Tree) -> Any:
+        """The JSON value a literal denotes."""
+        kind = tree.data
+        if kind == "string":
+            return self.string(tokens(tree)[0])
+        if kind == "number":
+            token = tokens(tree)[0]
+            if len(token) > MAX_NUMBER_CHARS:
+                self.fail(
+                    token,
+                    f"number {self.written(token)} is {len(token)} characters long, more than "
+                    f"the limit of {MAX_NUMBER_CHARS}",
+                )
+            if _WHOLE.fullmatch(token):
+                return int(token)
+            number = float(token)
+            if not math.isfinite(number):
+                self.fail(token, f"number {self.written(token)} is out of range")
+            return number
+        if kind in ("true", "false"):
+            return kind == "true"
+        if kind == "null":
+            return None
+        if kind == "array_literal":
+            return [self.literal(element) for element in subtrees(tree)]
+        result: dict[str, Any] = {}
+        for pair in subtrees(tree):
+            key_token = tokens(pair)[0]
+            key = self.string(key_token)
+            if key in result:
+                self.fail(key_token, f"duplicate key {self.written(key_token)}")
+            result[key] = self.literal(subtrees(pair)[0])
+        return result
+
+    def default(
+        self, tree: Tree, base: str, length: int | None, array: bool, not_null: bool
+    ) -> Any:
+        # Far past any limit, a literal is refused before reading it would exhaust the
+        # stack; closer ones get the message of the check below that refuses them.
+        depth = _depth(tree)
+        if depth > _READABLE_DEPTH:
+            self.fail(tree, _too_deep("default", depth))
+        value = self.literal(tree)
+        if value is None:
+            if not_null:
+                self.fail(tree, "default null contradicts 'not null'")
+            return value
+        if not array:
+            self.check(tree, value, base, length, "default")
+            return value
+        if not isinstance(value, list):
+            type_name = Field("", base, length, array=True).type_name
+            self.fail(
+                tree,
+                f"default {self.written(tree)} does not fit type {type_name}: expected an array",
+            )
+        for element_tree, element in zip(subtrees(tree), value, strict=True):
+            if element is None and base != "jsonb":
+                self.fail(element_tree, "array elements must not be null")
+            self.check(element_tree, element, base, length, "array element")
+        return value
+
+    def check(self, tree: Tree, value: Any, base: str, length: int | None, what: str) -> None:
+        """Refuse a default the database would refuse when the job is enqueued."""
+        type_name = Field("", base, length).type_name
+        shown = self.written(tree)
+
+        def mismatch(expected: str) -> NoReturn:
+            self.fail(tree, f"{what} {shown} does not fit type {type_name}: expected {expected}")
+
+        if base in _STRING_TYPES:
+            if not isinstance(value, str):
+                mismatch("a string")
+            if length is not None and len(value) > length:
+                self.fail(
+                    tree, f"{what} {shown} is longer than {type_name} ({len(value)} characters)"
+                )
+            try:
+                if base == "uuid":
+                    uuid.UUID(value)
+                elif base == "date":
+                    date.fromisoformat(value)
+                elif base == "timestamptz":
+                    datetime.fromisoformat(value)
+            except ValueError:
+                mismatch(_STRING_FORMATS[base])
+        elif base in _INT_RANGES:
+            if isinstance(value, bool) or not isinstance(value, int):
+                mismatch("an integer")
+            low, high = _INT_RANGES[base]
+            if not low <= value <= high:
+                self.fail(tree, f"{what} {shown} is out of range for {type_name}")
+        elif base == "boolean":
+            if not isinstance(value, bool):
+                mismatch("true or false")
+        elif base in ("double", "numeric"):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                mismatch("a number")
+            self.check_number(tree, value, base, what)
+        elif base == "jsonb":
+            depth = _depth(tree)
+            if depth > MAX_DEPTH:
+                self.fail(tree, _too_deep(what, depth))
+
+    def check_number(self, tree: Tree, value: int | float, base: str, what: str) -> None:
+        """A double default must be a double; a numeric one must keep all its digits."""
+        shown = self.written(tree)
+        if base == "double" and isinstance(value, int) and abs(Decimal(value)) > _MAX_DOUBLE:
+            self.fail(tree, f"{what} {shown} is out of range for double")
+        if base == "numeric" and isinstance(value, float):
+            # A default is stored as a JSON value: a fraction or exponent becomes a float,
+            # which must still be the number written.
+            written = Decimal(str(tokens(tree)[0]))
+            if Decimal(repr(value)) != written:
+                self.fail(
+                    tree,
+                    f"{what} {shown} cannot be stored exactly (a numeric default with a "
+                    "fraction or an exponent keeps at most 15 significant digits)",
+                )
+
+
+def _depth(tree: Tree) -> int:
+    """How deeply a literal nests: 0 for a scalar, 1 + its deepest member for [...] or {...}.
+
+    Iterative: a literal nested thousands deep must be refused, not overflow the stack.
+    """
+    deepest = 0
+    stack = [(tree, 0)]
+    while stack:
+        node, level = stack.pop()
+        if node.data == "array_literal":
+            deepest = max(deepest, level + 1)
+            stack.extend((element, level + 1) for element in subtrees(node))
+        elif node.data == "object_literal":
+            deepest = max(deepest, level + 1)
+            stack.extend((subtrees(pair)[0], level + 1) for pair in subtrees(node))
+    return deepest
+
+
+def _too_deep(what: str, depth: int) -> str:
+    return f"{what} nested {depth} levels deep, more than the limit of {MAX_DEPTH}"

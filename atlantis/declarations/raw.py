@@ -1,0 +1,110 @@
+"""A `.atl` file as written: what the syntax walk (``parser.py``) hands the checks (``checks.py``).
+
+Every piece keeps the tokens it was read from, so that a refusal can point at the word at
+fault. Literal values stay lark subtrees: their positions and source text are all the checks
+need from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NoReturn
+
+import lark
+
+from atlantis.errors import DeclarationError
+
+Tree = lark.Tree[lark.Token]
+
+
+@dataclass(frozen=True)
+class RawType:
+    """``TYPE_NAME [(n)] [[]]``."""
+
+    base: lark.Token
+    length: lark.Token | None  # the NUMBER inside the parentheses
+    array: bool
+
+
+@dataclass(frozen=True)
+class RawOption:
+    """``not null`` (value None) or ``default literal``, in the order written."""
+
+    kind: str  # "not_null" or "default"
+    head: lark.Token  # the keyword: `not` or `default`
+    value: Tree | None
+
+
+@dataclass(frozen=True)
+class RawField:
+    name: lark.Token
+    type: RawType
+    options: tuple[RawOption, ...]
+
+
+@dataclass(frozen=True)
+class RawStatement:
+    """One modifier of a job block, e.g. ``retries 3`` or ``args { ... }``."""
+
+    modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, backoff
+    head: lark.Token  # the keyword
+    value: lark.Token | None = None  # the single value of retries, timeout, queue, ...
+    fields: tuple[RawField, ...] = ()  # args
+    names: tuple[lark.Token, ...] = ()  # unique
+
+
+@dataclass(frozen=True)
+class RawJob:
+    """``job Name in namespace { statements }``."""
+
+    keyword: lark.Token
+    name: lark.Token
+    namespace: lark.Token
+    statements: tuple[RawStatement, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    """The text being read, for messages of the form ``file:line:column: what is wrong``."""
+
+    text: str
+    filename: str
+
+    def fail(self, where: lark.Token | Tree, what: str) -> NoReturn:
+        if isinstance(where, lark.Token):
+            line, column = position(where)
+        else:
+            line, column = where.meta.line, where.meta.column
+        raise error(self.filename, line, column, what)
+
+    def written(self, where: lark.Token | Tree) -> str:
+        """The source text of a token or subtree, quoted for a message."""
+        if isinstance(where, lark.Token):
+            return quote(str(where))
+        return quote(self.text[where.meta.start_pos : where.meta.end_pos])
+
+    def first_at(self, token: lark.Token) -> str:
+        return f"(first at {self.filename}:{token.line})"
+
+
+def error(filename: str, line: int, column: int, what: str) -> DeclarationError:
+    return DeclarationError(f"{filename}:{line}:{column}: {what}")
+
+
+def quote(text: str) -> str:
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"'{text}'"
+
+
+def position(token: lark.Token) -> tuple[int, int]:
+    # Every token lark's lexer makes has a position; only hand-made ones lack it.
+    return token.line or 1, token.column or 1
+
+
+def tokens(tree: Tree) -> list[lark.Token]:
+    return [child for child in tree.children if isinstance(child, lark.Token)]
+
+
+def subtrees(tree: Tree) -> list[Tree]:
+    return [child for child in tree.children if isinstance(child, lark.Tree)]

@@ -1,0 +1,324 @@
+"""Every message that crosses a process boundary, typed, and the one codec for them.
+
+A message is a frozen dataclass; on the wire it is one orjson object whose ``t`` names
+its type. :func:`decode` checks a frame completely on arrival (known type, every field
+present with its type, numbers finite, strings bounded) and raises
+:class:`~atlantis.protocol.framing.ProtocolError` otherwise: the supervisor then kills the
+sender and fails its attempt with kind ``protocol``. Nothing downstream ever sees a
+malformed message.
+
+supervisor -> child (control pipe)
+  Run        an attempt to run; ``args`` is the row's JSON text, untouched (the child
+             decodes it against the declaration; the supervisor never does)
+  Lease      the lease was renewed; ``lease_end`` is CLOCK_MONOTONIC
+  Cancel     ctx.cancelled becomes true
+child -> supervisor (events pipe)
+  Ready      the app is imported; ``tree`` is the ATLANTIS_TREE mark its descendants carry
+  Fatal      the app could not be loaded; the child exits
+  Checkpoint progress; ``pct`` None stands for NaN
+  Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``
+supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
+  Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args, get_origin
+
+import orjson
+
+from atlantis.protocol.framing import HEADER, ProtocolError
+
+MAX_EVENT_FRAME = 1024 * 1024
+"""Child-to-supervisor frames larger than this are a protocol violation."""
+MAX_TEXT = 256 * 1024
+"""No string field of a child's message may be longer (error texts are clipped to 64 KiB)."""
+MAX_LEFTOVERS = 100
+
+Outcome = Literal["complete", "failed", "discard", "snooze"]
+ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args"]
+"""The error kinds a child may report; the supervisor adds its own (timeout, crash, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildError:
+    kind: ErrorKind
+    message: str
+    traceback: str | None = None
+
+
+# ---- supervisor -> child ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    job_id: int
+    job: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    args: str
+    deadline: str
+    lease_end: float
+    lease_margin: float
+    database_url: str | None = field(default=None, repr=False)
+    t: Literal["run"] = "run"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    job_id: int
+    lease_end: float
+    t: Literal["lease"] = "lease"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    job_id: int
+    t: Literal["cancel"] = "cancel"
+
+
+# ---- child -> supervisor ---------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    pid: int
+    tree: str
+    t: Literal["ready"] = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    error: str
+    t: Literal["fatal"] = "fatal"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    job_id: int
+    pct: float | None
+    msg: str
+    t: Literal["checkpoint"] = "checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    job_id: int
+    outcome: Outcome
+    error: ChildError | None = None
+    delay: float = 0.0
+    leftovers: list[str] = field(default_factory=list)
+    t: Literal["done"] = "done"
+
+
+# ---- supervisor <-> zygote -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    token: int
+    t: Literal["fork"] = "fork"
+
+
+@dataclass(frozen=True, slots=True)
+class Forked:
+    token: int
+    pid: int
+    t: Literal["forked"] = "forked"
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    pid: int
+    code: int
+    t: Literal["exit"] = "exit"
+
+
+@dataclass(frozen=True, slots=True)
+class ZygoteReady:
+    pid: int
+    t: Literal["zready"] = "zready"
+
+
+@dataclass(frozen=True, slots=True)
+class ZygoteFatal:
+    error: str
+    t: Literal["zfatal"] = "zfatal"
+
+
+@dataclass(frozen=True, slots=True)
+class Unsafe:
+    reason: str
+    t: Literal["unsafe"] = "unsafe"
+
+
+ToChild = Run | Lease | Cancel
+FromChild = Ready | Fatal | Checkpoint | Done
+ToZygote = Fork
+FromZygote = Forked | Exited | ZygoteReady | ZygoteFatal | Unsafe
+Message = ToChild | FromChild | ToZygote | FromZygote
+
+_UNBOUNDED = frozenset({"run.args"})
+"""Strings not held to MAX_TEXT: a job's args (validated at enqueue, up to their own limit)."""
+
+_TYPES: dict[str, type[Any]] = {
+    str(cls.__dataclass_fields__["t"].default): cls
+    for cls in (Run, Lease, Cancel, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
+                ZygoteReady, ZygoteFatal, Unsafe)
+}
+_HINTS: dict[type[Any], dict[str, Any]] = {
+    cls: typing.get_type_hints(cls) for cls in (*_TYPES.values(), ChildError)
+}
+_REQUIRED: dict[type[Any], frozenset[str]] = {
+    cls: frozenset(f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    for cls in _HINTS
+}
+
+
+def dumps(msg: Message) -> bytes:
+    """The message's JSON body (orjson serializes the dataclasses natively).
+
+    Strings the caller did not :func:`clean` may make it raise ``orjson.JSONEncodeError``.
+    """
+    return orjson.dumps(msg)
+
+
+def encode(msg: Message) -> bytes:
+    """One frame: length header and body."""
+    body = dumps(msg)
+    return HEADER.pack(len(body)) + body
+
+
+def clean(text: str) -> str:
+    """``text`` fit for any reader: lone surrogates escaped, NUL removed.
+
+    JSON encoders refuse surrogates, and PostgreSQL's text and jsonb refuse NUL.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def decode(body: bytes, *, expect: tuple[type[Any], ...] | None = None) -> Message:
+    """Parse and validate one frame body; ProtocolError says what is wrong with it."""
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from exc
+    return from_dict(raw, expect=expect)
+
+
+def from_dict(raw: object, *, expect: tuple[type[Any], ...] | None = None) -> Message:
+    if not isinstance(raw, dict):
+        raise ProtocolError("frame is not an object")
+    kind = raw.get("t")
+    cls = _TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
+    if expect is not None and cls not in expect:
+        raise ProtocolError(f"unexpected message {kind!r}")
+    msg: Message = _build(cls, raw, str(kind))
+    return msg
+
+
+def _build(cls: type[Any], raw: dict[str, Any], where: str) -> Any:
+    hints = _HINTS[cls]
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in hints:
+            raise ProtocolError(f"{where}: unknown field {name[:40]!r}")
+        values[name] = _check(value, hints[name], f"{where}.{name}")
+    missing = _REQUIRED[cls] - values.keys()
+    if missing:
+        raise ProtocolError(f"{where}: missing {', '.join(sorted(missing))}")
+    return cls(**values)
+
+
+def _check(value: Any, tp: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {get_args(tp)}")
+        return value
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ProtocolError(f"{where}: must not be null")
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check(value, option, where)
+            except ProtocolError as exc:
+                errors.append(str(exc))
+        raise ProtocolError(errors[0] if errors else f"{where}: bad value")
+    if origin is list:
+        (item,) = get_args(tp)
+        if not isinstance(value, list) or len(value) > MAX_LEFTOVERS:
+            raise ProtocolError(f"{where}: expected a list of at most {MAX_LEFTOVERS} items")
+        return [_check(v, item, where) for v in value]
+    if tp is ChildError:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        return _build(ChildError, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected a boolean")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProtocolError(f"{where}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ProtocolError(f"{where}: expected a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str) or (len(value) > MAX_TEXT and where not in _UNBOUNDED):
+            raise ProtocolError(f"{where}: expected a string of at most {MAX_TEXT} characters")
+        return value
+    raise ProtocolError(f"{where}: unsupported type {tp}")  # pragma: no cover
+
+
+class EventReader:
+    """Incremental decoder of a child's events pipe: feed bytes, get validated messages.
+
+    Frames are capped at :data:`MAX_EVENT_FRAME`; anything else wrong raises
+    ProtocolError, after which the stream is useless (the child is killed).
+    """
+
+    def __init__(self, max_frame: int = MAX_EVENT_FRAME,
+                 expect: tuple[type[Any], ...] = (Ready, Fatal, Checkpoint, Done)) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+        self._expect = expect
+
+    @property
+    def partial(self) -> bool:
+        return bool(self._buf)
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buf)
+            if size > self._max:
+                raise ProtocolError(f"frame of {size} bytes exceeds the limit of {self._max}")
+            end = HEADER.size + size
+            if len(self._buf) < end:
+                break
+            body = bytes(self._buf[HEADER.size:end])
+            del self._buf[:end]
+            out.append(decode(body, expect=self._expect))
+        return out

@@ -1,0 +1,119 @@
+"""The supervisor's rows, typed: what a claim, a renewal, a finish and a rescue return.
+
+Read through ``psycopg.rows.class_row``: columns by name, never by position. The statements
+themselves are in ``queries.sql``; the parameters of the batched ones are built here, so
+that the column order of each ``unnest`` lives next to its statement's reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from psycopg.types.json import Jsonb
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    id: int
+    job: str
+    queue: str
+    args: str
+    """The row's args as JSON text, passed to the child untouched."""
+    attempt: int
+    max_attempts: int
+    timeout: float
+    heartbeat: float
+    backoff: float
+    deadline: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RenewedRow:
+    id: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRow:
+    id: int
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class RescuedRow:
+    id: int
+    state: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedRow:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStateRow:
+    state: str
+    attempt: int
+    claimed_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    pct: float
+    msg: str
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    job_id: int
+    attempt: int
+    progress: Progress | None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One attempt's outcome as the finish statement writes it."""
+
+    job_id: int
+    attempt: int
+    state: str
+    spent: bool
+    delay: float
+    error: dict[str, Any] | None
+    progress: Progress | None
+
+
+def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
+    # orjson: fast, and it refuses lone surrogates rather than writing invalid JSON.
+    return None if value is None else Jsonb(value, dumps=lambda v: orjson.dumps(v).decode())
+
+
+def touch_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
+    return {
+        "ids": [r.job_id for r in batch],
+        "attempts": [r.attempt for r in batch],
+        "has_progress": [r.progress is not None for r in batch],
+        "pcts": [r.progress.pct if r.progress else None for r in batch],
+        "msgs": [r.progress.msg if r.progress else None for r in batch],
+        "worker": worker,
+    }
+
+
+def finish_params(worker: str, batch: Sequence[Result]) -> dict[str, Any]:
+    return {
+        "ids": [r.job_id for r in batch],
+        "attempts": [r.attempt for r in batch],
+        "states": [r.state for r in batch],
+        "spent": [r.spent for r in batch],
+        "delays": [r.delay for r in batch],
+        "errors": [_jsonb(r.error) for r in batch],
+        "has_progress": [r.progress is not None for r in batch],
+        "pcts": [r.progress.pct if r.progress else None for r in batch],
+        "msgs": [r.progress.msg if r.progress else None for r in batch],
+        "worker": worker,
+    }

@@ -1,0 +1,169 @@
+"""The completer: outcomes of attempts written in batches, one statement for many.
+
+An attempt's end is recorded here (:meth:`Completer.record`) and written with the next
+batch. A batch the server refuses because of its data (a value no column accepts) is
+retried row by row: the rows that pass are written, and an offending row is written again
+reduced to a plain failure with its text cleaned; only if even that is refused is the row
+left to its lease (it will be rescued). A batch that fails for any other reason is an
+outage: kept and retried with the connection's backoff. Nothing here can stop the
+supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from atlantis.store.jobs import AttemptStateRow, FinishedRow, Progress, Result, finish_params
+from atlantis.store.queries import Q
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.policy import Outcome, clip
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Completer(Service):
+    name = "completer"
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.db = rt.db("finish")
+        self.queue: list[tuple[Attempt, Result]] = []
+        self.writing: list[tuple[Attempt, Result]] = []
+        self.flush = asyncio.Event()
+        self._maybe_written: set[tuple[int, int]] = set()
+        """Attempts whose result went out in a statement whose answer was lost: it may have
+        committed, and then the retry (fenced on the running attempt) matches no row."""
+
+    def loops(self) -> list[Loop]:
+        return [self._write_loop]
+
+    # ---- recording ------------------------------------------------------------------------
+
+    def record(self, a: Attempt, outcome: Outcome) -> None:
+        """The attempt ended: forget it as in flight and queue its outcome for writing."""
+        rt = self.rt
+        rt.in_flight.pop(a.job_id, None)
+        a.finished = True
+        rt.changed.set()
+        rt.metrics.attempts.labels(a.queue, a.job, "lost" if a.lost else outcome.label).inc()
+        if a.started:
+            rt.metrics.duration.labels(a.queue, a.job).observe(rt.now() - a.started)
+        if a.lost:
+            log.warning("%s: the lease was lost; its result is not written", a.tag(),
+                        extra=a.log_extra())
+            return
+        progress = a.progress if a.progress_dirty else None
+        self.queue.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
+                                     outcome.delay, outcome.error, progress)))
+        self.flush.set()
+
+    @property
+    def pending(self) -> list[Attempt]:
+        """Attempts whose outcome is not written yet."""
+        return [a for a, _ in self.queue + self.writing]
+
+    # ---- writing --------------------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self.flush.wait()
+            self.flush.clear()
+            if not self.queue:
+                continue
+            batch, self.queue = self.queue, []
+            self.writing = batch
+            try:
+                await self._write(batch)
+            except DatabaseUnavailable as exc:
+                if exc.sent:
+                    self._maybe_written.update(a.key for a, _ in batch)
+                self.queue = batch + self.queue
+                await asyncio.sleep(0.1)  # the connection's backoff paces the retries
+                self.flush.set()
+                continue
+            finally:
+                self.writing = []
+            self.rt.changed.set()
+            self.rt.wake.set()
+
+    async def _write(self, batch: list[tuple[Attempt, Result]]) -> None:
+        try:
+            written = await self._finish([r for _, r in batch])
+        except StatementRejected as exc:
+            log.warning("a batch of %d results was refused (%s); writing them one by one",
+                        len(batch), exc)
+            written = set()
+            for a, result in batch:
+                written |= await self._write_alone(a, result)
+        for a, result in batch:
+            await self._check_written(a, result, written)
+
+    async def _finish(self, results: Sequence[Result]) -> set[int]:
+        rows = await self.db.fetch_rows(FinishedRow, Q.finish,
+                                        finish_params(self.rt.worker_id, results),
+                                        timeout=self.rt.settings.finish_timeout)
+        return {r.id for r in rows}
+
+    async def _write_alone(self, a: Attempt, result: Result) -> set[int]:
+        try:
+            return await self._finish([result])
+        except StatementRejected as exc:
+            why = str(exc)
+            log.error("%s: the outcome was refused by the database (%s); writing a plain "
+                      "failure instead", a.tag(), why, extra=a.log_extra())
+        plain = sanitized(result, f"the attempt's outcome could not be stored: {why}")
+        try:
+            return await self._finish([plain])
+        except StatementRejected as again:
+            log.error("%s: even a plain failure was refused (%s); the row will be rescued when "
+                      "its lease ends", a.tag(), again, extra=a.log_extra())
+            return set()
+
+    async def _check_written(self, a: Attempt, result: Result, written: set[int]) -> None:
+        if a.job_id in written:
+            self._maybe_written.discard(a.key)
+            return
+        if a.key in self._maybe_written:
+            self._maybe_written.discard(a.key)
+            if await self._landed_earlier(a, result):
+                log.info("%s: result already recorded by the try whose answer was lost when the "
+                         "connection broke", a.tag(), extra=a.log_extra())
+                return
+        log.warning("%s: result not recorded: the row is no longer this attempt's (lease lost "
+                    "or row changed)", a.tag(), extra=a.log_extra())
+
+    async def _landed_earlier(self, a: Attempt, result: Result) -> bool:
+        try:
+            rows = await self.db.fetch_rows(AttemptStateRow, Q.attempt_state, {"id": a.job_id},
+                                            timeout=5)
+        except (DatabaseUnavailable, StatementRejected):
+            return False
+        row = rows[0] if rows else None
+        expected = a.attempt if result.spent else a.attempt - 1
+        return (row is not None and row.claimed_by == self.rt.worker_id
+                and row.state != "running" and row.attempt == expected)
+
+    async def drain(self, timeout: float) -> None:
+        """Give queued outcomes up to ``timeout`` seconds to be written."""
+        deadline = self.rt.now() + timeout
+        while (self.queue or self.writing) and self.rt.now() < deadline:
+            self.flush.set()
+            await self.rt.wait_changed(0.1)
+
+
+def sanitized(result: Result, why: str) -> Result:
+    """``result`` reduced to what any row accepts: a failure whose text is clean and short."""
+    error = result.error or {}
+    message = clip(str(error.get("message", "")), 1024)
+    plain = {"attempt": result.attempt, "kind": str(error.get("kind", "exception"))[:40],
+             "message": clip(f"{message} ({why})", 4096)}
+    progress = (Progress(result.progress.pct, clip(result.progress.msg, 256))
+                if result.progress else None)
+    state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
+    delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0
+    return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress)

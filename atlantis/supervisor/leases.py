@@ -1,0 +1,142 @@
+"""Leases: renewal, lost leases, timeouts and memory limits of the attempts in flight.
+
+One statement renews every lease that is due (every heartbeat/3) and carries the
+checkpoints that came in meanwhile (coalesced per attempt). A renewal that does not come
+back in time, or comes back without a row, means the lease is lost: the attempt is
+killed at once and nothing more of it is written. Timeouts and memory limits stop an
+attempt (SIGTERM, then SIGKILL after the kill grace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from atlantis.protocol.messages import Lease
+from atlantis.store.jobs import Renewal, RenewedRow, touch_params
+from atlantis.store.queries import Q
+from atlantis.supervisor import policy
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+from atlantis.units import format_duration, format_size
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Leases(Service):
+    name = "leases"
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.db = rt.db("lease")
+        self._touching: asyncio.Task[None] | None = None
+
+    def loops(self) -> list[Loop]:
+        return [self._tick_loop]
+
+    async def _tick_loop(self) -> None:
+        rt = self.rt
+        last_memory = 0.0
+        while True:
+            now = rt.now()
+            for a in list(rt.in_flight.values()):
+                self.check(a, now)
+            if rt.settings.max_memory_per_child and now - last_memory >= rt.settings.memory_interval:
+                last_memory = now
+                self._check_memory()
+            if self._touching is None or self._touching.done():
+                batch = self._due(now)
+                if batch:
+                    self._touching = asyncio.create_task(self._touch(batch), name="leases.touch")
+            await asyncio.sleep(rt.settings.tick)
+
+    def check(self, a: Attempt, now: float) -> None:
+        if a.lost:
+            return
+        if policy.lease_lost(now, a.lease_end, a.heartbeat):
+            self.lose(a, "the lease could not be renewed in time; killing the attempt so that "
+                         "no other worker runs the row alongside it")
+            return
+        if a.stop_reason is None and a.child is not None and policy.timed_out(now, a.started, a.timeout):
+            log.warning("%s: timeout after %s; terminating it", a.tag(),
+                        format_duration(a.timeout), extra=a.log_extra())
+            a.stop("timeout", now)
+        if not a.killed and policy.kill_due(now, a.term_sent_at, self.rt.settings.kill_grace):
+            a.stop(a.stop_reason or "timeout", now, sig=signal.SIGKILL)
+
+    def lose(self, a: Attempt, why: str) -> None:
+        """The attempt no longer owns its row: kill it at once; nothing more is written."""
+        a.lost = True
+        self.rt.lost_ids.add(a.job_id)
+        self.rt.metrics.leases_lost.inc()
+        log.error("%s: %s", a.tag(), why, extra=a.log_extra())
+        a.stop("lease", self.rt.now(), sig=signal.SIGKILL)
+
+    def _check_memory(self) -> None:
+        limit = self.rt.settings.max_memory_per_child
+        for a in list(self.rt.in_flight.values()):
+            if a.child is None or a.stop_reason is not None:
+                continue
+            rss = a.child.rss()
+            if rss > limit:
+                log.warning("%s: child uses %s, over the memory limit of %s; killing it",
+                            a.tag(), format_size(rss), format_size(limit), extra=a.log_extra())
+                a.stop("memory", self.rt.now(), sig=signal.SIGKILL)
+
+    def _due(self, now: float) -> list[Attempt]:
+        live = [a for a in self.rt.in_flight.values() if not a.lost and not a.finished]
+        if any(policy.renewal_due(now, a.renewed_at, a.heartbeat) for a in live):
+            return live
+        return [a for a in live if a.progress_dirty
+                and now - a.progress_since >= self.rt.settings.progress_interval]
+
+    async def _touch(self, batch: list[Attempt]) -> None:
+        rt = self.rt
+        t0 = rt.now()
+        # The renewal must be answered before the first of these attempts is killed for want
+        # of it: a renewal that lands after the kill would only hold the dead row back.
+        budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - t0
+        if budget <= 0:
+            return
+        renewals = [Renewal(a.job_id, a.attempt, a.progress if a.progress_dirty else None)
+                    for a in batch]
+        for a in batch:
+            a.progress_dirty = False
+        try:
+            try:
+                rows = await self.db.fetch_rows(RenewedRow, Q.touch,
+                                                touch_params(rt.worker_id, renewals), timeout=budget)
+            except StatementRejected as exc:
+                # A checkpoint the database refuses must not cost the leases: renew without.
+                log.error("checkpoints refused by the database (%s); renewing the leases "
+                          "without them", exc)
+                renewals = [Renewal(r.job_id, r.attempt, None) for r in renewals]
+                budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - rt.now()
+                rows = await self.db.fetch_rows(RenewedRow, Q.touch,
+                                                touch_params(rt.worker_id, renewals),
+                                                timeout=max(budget, 0.001))
+        except (DatabaseUnavailable, StatementRejected):
+            for a, r in zip(batch, renewals, strict=True):
+                if r.progress is not None and not a.progress_dirty:
+                    a.progress_dirty = True
+                    a.progress_since = t0
+            return
+        renewed = {r.id: r.cancel_requested for r in rows}
+        sent = self.db.sent_at  # the renewal counts from when it went out, not from before
+        for a in batch:
+            if a.lost or a.finished:
+                continue  # ended while the renewal was on its way
+            if a.job_id in renewed:
+                a.lease_end = sent + a.heartbeat
+                a.renewed_at = sent
+                if a.child is not None:
+                    a.child.send(Lease(job_id=a.job_id, lease_end=a.lease_end))
+                if renewed[a.job_id] and a.stop_reason is None:
+                    log.info("%s: cancelled by an operator; stopping it", a.tag(), extra=a.log_extra())
+                    a.stop("cancel", rt.now())
+            else:
+                self.lose(a, "the lease is gone (the row was rescued or changed); killing the "
+                             "attempt, nothing of it will be written")

@@ -1,0 +1,210 @@
+"""The supervisor's decisions, as pure functions: no I/O, no clock, no database.
+
+What an attempt's end means for its row (:func:`decide`), when a lease is lost, when an
+attempt has timed out or must be killed, how long to back off. The services call these;
+the unit tests call them directly. The fenced SQL statement that writes the outcome still
+has the last word on whether the attempt owns its row at all.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from atlantis.protocol.messages import ChildError, Done, clean
+from atlantis.units import format_duration, format_size
+
+NextState = Literal["complete", "available", "dead", "cancelled"]
+StopReason = Literal["timeout", "memory", "drain", "cancel", "lease", "protocol"]
+
+MAX_ERROR_TEXT = 64 * 1024
+MAX_PROGRESS_MSG = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The end of one attempt, as it will be written to its row.
+
+    ``spent`` is whether it counts as one of the job's attempts (a snooze or a release
+    does not); ``delay`` is when the row may run again (seconds from now) if it goes back
+    to ``available``.
+    """
+
+    state: NextState
+    spent: bool
+    delay: float = 0.0
+    error: dict[str, Any] | None = None
+    label: str = ""
+    """How the attempt ended, for logs and metrics: complete, failed, discard, snooze,
+    release, cancelled (the state when not given)."""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.state)
+
+
+RELEASE = Outcome("available", False, label="release")
+"""A row given back unspent, at once: drained, or claimed when no child was left to run it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFacts:
+    """What the supervisor knows of an attempt when it ends."""
+
+    attempt: int
+    max_attempts: int
+    backoff: float
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_snooze: float
+    max_backoff: float
+    max_memory: int = 0
+
+
+def backoff(base: float, failures: int, *, cap: float, rand: float | None = None) -> float:
+    """Exponential backoff with jitter: ``base * 2^(failures-1)``, +-25%, at most ``cap``.
+
+    The one backoff of atlantis: job retries, respawning children, restarting a crashed
+    service. ``rand`` in [0, 1) makes it deterministic for tests.
+    """
+    if base <= 0 or failures <= 0:
+        return 0.0
+    r = random.random() if rand is None else rand
+    exponent = min(failures - 1, 62)
+    return min(base * 2.0**exponent * (0.75 + 0.5 * r), cap)
+
+
+def clamp_delay(seconds: float, cap: float) -> float:
+    """A delay fit for ``make_interval``: finite, not negative, at most ``cap``."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return 0.0 if not seconds > 0 else cap
+    return min(seconds, cap)
+
+
+def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """Text fit for a row: cleaned (no NUL, no lone surrogate) and at most ``limit`` chars."""
+    text = clean(text)
+    return text if len(text) <= limit else text[:limit] + f" ... [truncated: {len(text)} characters]"
+
+
+def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str,
+            rand: float | None = None, **more: Any) -> Outcome:
+    """A failed attempt: retried after a backoff while attempts remain, else dead."""
+    error = {"attempt": facts.attempt, "kind": kind, "message": clip(message), **more}
+    if facts.attempt >= facts.max_attempts:
+        return Outcome("dead", True, error=error, label="failed")
+    delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
+    return Outcome("available", True, delay=delay, error=error, label="failed")
+
+
+def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
+           detail: str = "") -> Outcome | None:
+    """The outcome when the supervisor stopped the attempt itself, whatever the child said."""
+    if reason == "timeout":
+        return failure(facts, limits, "timeout", f"timeout after {format_duration(facts.timeout)}")
+    if reason == "memory":
+        return failure(facts, limits, "memory",
+                       f"memory limit ({format_size(limits.max_memory)}) exceeded")
+    if reason == "protocol":
+        return failure(facts, limits, "protocol", f"protocol violation: {detail}")
+    if reason == "drain":
+        return RELEASE
+    if reason == "cancel":
+        return Outcome("cancelled", True, error={"attempt": facts.attempt, "kind": "cancelled",
+                                                  "message": "cancelled by an operator"})
+    return None
+
+
+def _child_error(facts: AttemptFacts, err: ChildError | None, default_kind: str) -> dict[str, Any]:
+    if err is None:
+        return {"attempt": facts.attempt, "kind": default_kind, "message": default_kind}
+    out: dict[str, Any] = {"attempt": facts.attempt, "kind": err.kind, "message": clip(err.message)}
+    if err.traceback is not None:
+        out["traceback"] = clip(err.traceback)
+    return out
+
+
+def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason | None = None,
+           rand: float | None = None) -> Outcome:
+    """The next state of a row whose attempt's child reported ``done``."""
+    stopped = forced(facts, limits, reason)
+    if stopped is not None:
+        return stopped
+    if done.outcome == "complete":
+        return Outcome("complete", True)
+    if done.outcome == "snooze":
+        return Outcome("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
+                       label="snooze")
+    error = _child_error(facts, done.error, "discarded" if done.outcome == "discard" else "exception")
+    if done.outcome == "discard":
+        return Outcome("dead", True, error=error, label="discard")
+    if facts.attempt >= facts.max_attempts:
+        return Outcome("dead", True, error=error, label="failed")
+    delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
+    return Outcome("available", True, delay=delay, error=error, label="failed")
+
+
+def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
+                reason: StopReason | None = None, detail: str = "",
+                rand: float | None = None) -> Outcome:
+    """The next state of a row whose attempt's child died without reporting a result."""
+    stopped = forced(facts, limits, reason, detail)
+    if stopped is not None:
+        return stopped
+    more: dict[str, Any] = ({"exit_code": returncode} if returncode >= 0
+                            else {"signal": -returncode})
+    return failure(facts, limits, "crash", describe_exit(returncode), rand, **more)
+
+
+def describe_exit(returncode: int) -> str:
+    """How a child ended, in the words ``last_error`` uses."""
+    import signal
+
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (perhaps out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"child exited with code {returncode}"
+
+
+# ---- leases and timeouts ------------------------------------------------------------------
+
+def lease_margin(heartbeat: float) -> float:
+    """How long before its lease's end an attempt that was not renewed is stopped.
+
+    Renewals are due every heartbeat/3, so a healthy attempt is never near its end; the
+    margin leaves time for the kill to land before another worker may claim the row. The
+    child's own watchdog acts at half this margin: a live supervisor acts first.
+    """
+    return min(heartbeat * 0.25, 30.0)
+
+
+def lease_lost(now: float, lease_end: float, heartbeat: float) -> bool:
+    return now >= lease_end - lease_margin(heartbeat)
+
+
+def renewal_due(now: float, renewed_at: float, heartbeat: float) -> bool:
+    return now >= renewed_at + heartbeat / 3
+
+
+def timed_out(now: float, started: float, timeout: float) -> bool:
+    return now >= started + timeout
+
+
+def kill_due(now: float, term_sent_at: float | None, grace: float) -> bool:
+    return term_sent_at is not None and now >= term_sent_at + grace
+
+
+
+
+def pct_value(pct: float | None) -> float:
+    """A checkpoint's percentage as the database clamps it (None stands for NaN)."""
+    return math.nan if pct is None else pct

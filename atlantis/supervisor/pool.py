@@ -1,0 +1,302 @@
+"""The pool: child processes, their generations, zygotes, respawn backoff and SIGHUP.
+
+It starts ``--concurrency`` children (fresh interpreters, or forks of a zygote with
+``--isolation fresh``), hands each claimed attempt to an idle one, and turns what children
+report (a result, a crash, a protocol violation) into the attempt's outcome through
+:mod:`policy`, for the completer to write. A child that breaks the protocol is killed and
+its attempt fails with kind ``protocol``; the others never notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
+from atlantis.store.jobs import Progress
+from atlantis.supervisor import policy
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.children import Child, spawn_child
+from atlantis.supervisor.completer import Completer
+from atlantis.supervisor.output import Label
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.zygote import Zygote
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+def child_environment(database_url: str, handler_database_url: str) -> dict[str, str]:
+    """The environment every child starts with.
+
+    With a handler URL, children get that one, and neither the supervisor's own URL nor any
+    ``PG*`` variable (libpq would use ``PGPASSWORD`` and friends as defaults).
+    """
+    env = dict(os.environ)
+    env.pop("ATLANTIS_HANDLER_DATABASE_URL", None)
+    if handler_database_url:
+        for key in [k for k in env if k.startswith("PG")]:
+            del env[key]
+        env["ATLANTIS_DATABASE_URL"] = handler_database_url
+    else:
+        env["ATLANTIS_DATABASE_URL"] = database_url
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Pool:
+    def __init__(self, rt: Runtime, completer: Completer) -> None:
+        self.rt = rt
+        self.completer = completer
+        s = rt.settings
+        self.env = child_environment(s.database_url, s.handler_database_url)
+        self.children: set[Child] = set()
+        self.generation = 0
+        self.failed_starts = 0
+        self.respawn_at = 0.0
+        self.zygote: Zygote | None = None
+        self.old_zygotes: list[Zygote] = []
+        self.fork_unsafe: str | None = None
+
+    # ---- children -------------------------------------------------------------------------
+
+    def idle(self) -> list[Child]:
+        return [c for c in self.children if c.state == "idle"]
+
+    def ensure(self) -> None:
+        """Start children until ``--concurrency`` of the current generation live."""
+        rt = self.rt
+        if rt.draining:
+            return
+        live = [c for c in self.children
+                if c.state in ("starting", "idle", "busy") and c.generation == self.generation]
+        if len(live) < rt.settings.concurrency and rt.now() < self.respawn_at:
+            rt.loop.call_at(self.respawn_at, self.ensure)
+            return
+        forker: Zygote | None = None
+        if rt.settings.isolation == "fresh" and self.fork_unsafe is None:
+            forker = self._current_zygote()
+            if not forker.ready:
+                return  # called again once it is
+        for _ in range(rt.settings.concurrency - len(live)):
+            try:
+                child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
+                                    rt.settings.output_lines_per_second, forker)
+            except OSError as exc:  # out of descriptors or processes: try again later
+                self._start_failed(f"could not start a child: {exc}")
+                return
+            self.children.add(child)
+
+    def reload(self) -> None:
+        """SIGHUP: replace every child with one that imports the app afresh, losing no job.
+
+        Replacements start first; each old idle child retires when a new one is ready, and
+        a busy one after its attempt. If the new code cannot be imported, the old children
+        go on serving while the replacements are retried with backoff.
+        """
+        self.generation += 1
+        log.info("SIGHUP: replacing children (generation %d)", self.generation)
+        for child in list(self.children):
+            if child.state == "starting":
+                self.retire(child)
+        self.ensure()
+
+    def retire(self, child: Child) -> None:
+        """Let the child exit once it is idle (EOF on its control pipe ends it)."""
+        child.state = "retiring"
+        child.close_control()
+
+    def _start_failed(self, why: str) -> None:
+        self.failed_starts += 1
+        delay = policy.backoff(0.5, self.failed_starts, cap=self.rt.settings.respawn_max, rand=0.5)
+        self.respawn_at = self.rt.now() + delay
+        log.error("%s; next start in %.1fs", why, delay)
+        self.rt.loop.call_at(self.respawn_at, self.ensure)
+
+    def _current_zygote(self) -> Zygote:
+        """The zygote of this generation, started on first use (``--isolation fresh``)."""
+        z = self.zygote
+        if z is None or z.dead or z.generation != self.generation:
+            if z is not None and not z.dead:
+                self.old_zygotes.append(z)  # it keeps serving its running workers
+            z = Zygote(self.rt.settings.app, self.env, self.rt.loop, self.generation,
+                       self.ensure, self._zygote_died)
+            self.zygote = z
+        return z
+
+    def _zygote_died(self, z: Zygote) -> None:
+        if z in self.old_zygotes:
+            self.old_zygotes.remove(z)
+        if z.unsafe is not None:
+            # Still a new process per attempt, each a fresh interpreter: slower, but safe.
+            self.fork_unsafe = z.unsafe
+            log.warning("--isolation fresh: %s, so workers cannot be forked from a zygote; "
+                        "starting a new interpreter for every attempt instead", z.unsafe)
+            self.zygote = None
+            self.ensure()
+        elif z is self.zygote and not self.rt.draining:
+            self.zygote = None
+            self._start_failed(f"the zygote exited (pid {z.pid})")
+        self.rt.changed.set()
+
+    # ---- attempts -------------------------------------------------------------------------
+
+    def assign(self, a: Attempt) -> bool:
+        """Start ``a`` in an idle child; False if none is idle."""
+        child = next(iter(self.idle()), None)
+        if child is None:
+            return False
+        child.state = "busy"
+        child.label = Label(a.job_id, a.attempt, a.queue)
+        child.output.begin(child.label)
+        a.child = child
+        a.started = self.rt.now()
+        row = a.row
+        child.send(Run(
+            job_id=row.id, job=row.job, queue=row.queue, attempt=row.attempt,
+            max_attempts=row.max_attempts, args=row.args, deadline=row.deadline.isoformat(),
+            # The child's own stop comes after the supervisor's (half the margin), so that a
+            # supervisor that is alive acts first and records why; both precede the lease end.
+            lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
+            database_url=self.rt.settings.child_database_url,
+        ))  # a child that died meanwhile is handled by its exit
+        return True
+
+    def _attempt_of(self, child: Child) -> Attempt | None:
+        label = child.label
+        if label is None:
+            return None
+        a = self.rt.in_flight.get(label.job_id)
+        return a if a is not None and a.child is child else None
+
+    def _end(self, child: Child, a: Attempt, outcome: policy.Outcome) -> None:
+        child.label = None
+        child.output.end()
+        a.child = None
+        self.completer.record(a, outcome)
+
+    # ---- what children report (called from the event loop's readers) ---------------------
+
+    def on_message(self, child: Child, msg: FromChild) -> None:
+        try:
+            self._on_message(child, msg)
+        except Exception as exc:  # a bug here must cost one attempt at most
+            log.exception("%s: handling a message failed", child.tag())
+            self.on_protocol_error(child, f"message could not be handled: {exc}")
+
+    def _on_message(self, child: Child, msg: FromChild) -> None:
+        rt = self.rt
+        if isinstance(msg, Ready):
+            if child.state != "starting":
+                if child.state != "retiring":  # retired while starting: it exits on EOF
+                    self.on_protocol_error(child, "ready sent twice")
+                return
+            child.state = "idle"
+            self.failed_starts = 0
+            if child.generation != self.generation or rt.draining:
+                self.retire(child)
+            else:
+                old = next((c for c in self.children
+                            if c.state == "idle" and c.generation != self.generation), None)
+                if old is not None:
+                    self.retire(old)
+            rt.wake.set()
+            return
+        if isinstance(msg, Fatal):
+            log.error("child %d could not load the app: %s", child.pid, policy.clip(msg.error, 4096))
+            return
+        a = self._attempt_of(child)
+        if a is None or msg.job_id != a.job_id:
+            self.on_protocol_error(child, f"{msg.t} for job {msg.job_id}, which it is not running")
+            return
+        if isinstance(msg, Checkpoint):
+            a.progress = Progress(policy.pct_value(msg.pct), policy.clip(msg.msg, policy.MAX_PROGRESS_MSG))
+            if not a.progress_dirty:
+                a.progress_dirty = True
+                a.progress_since = rt.now()
+            return
+        assert isinstance(msg, Done)
+        self._done(child, a, msg)
+
+    def _done(self, child: Child, a: Attempt, msg: Done) -> None:
+        s = self.rt.settings
+        child.jobs_run += 1
+        if msg.leftovers:
+            log.warning("%s: the handler returned but left work running: %s; terminated it",
+                        a.tag(), policy.clip("; ".join(msg.leftovers), 4096), extra=a.log_extra())
+            child.state = "retiring"  # it exits by itself; a fresh child replaces it
+        elif (s.isolation == "fresh" or child.generation != self.generation
+              or (s.max_jobs_per_child and child.jobs_run >= s.max_jobs_per_child)
+              or self.rt.draining or a.stop_reason is not None):
+            self.retire(child)
+        else:
+            child.state = "idle"
+        self._end(child, a, policy.decide(a.facts, self.rt.limits, msg, a.stop_reason))
+        self.ensure()
+        self.rt.wake.set()
+
+    def on_protocol_error(self, child: Child, why: str) -> None:
+        """The child broke the protocol: kill it; its attempt fails with kind ``protocol``."""
+        child.violated()
+        a = self._attempt_of(child)
+        log.error("%s: protocol violation (%s); killing the child", child.tag(), why,
+                  extra=a.log_extra() if a else {})
+        if a is not None:
+            a.stop("protocol", self.rt.now(), sig=signal.SIGKILL, detail=why)
+        else:
+            child.signal_group(signal.SIGKILL)
+
+    def on_exit(self, child: Child) -> None:
+        try:
+            self._on_exit(child)
+        except Exception:
+            log.exception("%s: handling the exit failed", child.tag())
+
+    def _on_exit(self, child: Child) -> None:
+        rt = self.rt
+        self.children.discard(child)
+        code = child.returncode if child.returncode is not None else -signal.SIGKILL
+        a = self._attempt_of(child)
+        if a is not None:
+            self._end(child, a, policy.decide_exit(a.facts, rt.limits, code, a.stop_reason,
+                                                   a.stop_detail))
+        if child.state == "starting":
+            self._start_failed(f"child {child.pid} exited before it was ready "
+                               f"({policy.describe_exit(code)})")
+        child.signal_group(signal.SIGKILL)  # whatever it left behind
+        child.state = "dead"
+        for z in list(self.old_zygotes):  # an old generation's zygote closes with its last worker
+            if not z.watching:
+                z.close()
+        self.ensure()
+        rt.wake.set()
+        rt.changed.set()
+
+    # ---- stop -----------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Retire every child, wait for them (then kill), and close the zygotes."""
+        rt = self.rt
+        for child in list(self.children):
+            self.retire(child)
+        deadline = rt.now() + rt.settings.exit_timeout
+        while self.children and rt.now() < deadline:
+            await rt.wait_changed(0.1)
+        for child in list(self.children):
+            child.signal_group(signal.SIGKILL)
+        zygotes = [z for z in (self.zygote, *self.old_zygotes) if z is not None and not z.dead]
+        for z in zygotes:
+            z.close()
+        deadline = rt.now() + rt.settings.exit_timeout
+        while (self.children or any(not z.dead for z in zygotes)) and rt.now() < deadline:
+            await rt.wait_changed(0.1)
+        for z in zygotes:
+            if not z.dead:
+                z.kill()
+        deadline = rt.now() + rt.settings.exit_timeout
+        while self.children and rt.now() < deadline:
+            await rt.wait_changed(0.1)
+        if self.children:
+            log.error("%d children did not report their exit; giving up on them",
+                      len(self.children))

@@ -1,0 +1,161 @@
+"""Every setting of the supervisor, in one place: default, meaning, option, validation.
+
+The click options of ``atlantis-supervise`` are generated from :class:`Settings`, so a
+setting cannot exist without its option, its default and its check. Timing constants are
+settings too (most of them hidden options): tests shorten them, nothing is hard-coded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from atlantis.errors import ConfigurationError
+from atlantis.units import parse_duration, parse_size
+
+DAY = 86_400.0
+
+
+def _opt(kind: str, help: str, *, hidden: bool = False, choices: tuple[str, ...] = (),
+         option: str | None = None, **kw: Any) -> Any:
+    """A settings field: ``kind`` says how its option is parsed (duration, size, int, ...)."""
+    meta = {"kind": kind, "help": help, "hidden": hidden, "choices": choices, "option": option}
+    return field(metadata=meta, **kw)
+
+
+@dataclass(frozen=True)
+class Settings:
+    queues: tuple[str, ...] = _opt("queues", "Queue to serve (repeatable).", default=(),
+                                   option="--queue")
+    app: str = _opt("str", "package.module:registry (or ATLANTIS_APP).", default="")
+    database_url: str = _opt("str", "libpq URL; default $ATLANTIS_DATABASE_URL or embedded.",
+                             default="")
+    handler_database_url: str = _opt(
+        "str", "What children get as ATLANTIS_DATABASE_URL (a less privileged role); when set, "
+        "the supervisor's own URL and PG* variables never reach a child "
+        "(or ATLANTIS_HANDLER_DATABASE_URL).", default="")
+    concurrency: int = _opt("int", "Children, hence attempts at once; default: number of CPUs.",
+                            default_factory=lambda: os.cpu_count() or 1)
+    drain_timeout: float = _opt("duration", "On SIGTERM/SIGINT: how long in-flight attempts may "
+                                "finish before they are stopped.", default=30.0)
+    kill_grace: float = _opt("duration", "Between SIGTERM and SIGKILL for an attempt that must stop.",
+                             default=10.0)
+    isolation: str = _opt("choice", "reuse: long-lived children; fresh: a new process per attempt.",
+                          default="reuse", choices=("reuse", "fresh"))
+    max_jobs_per_child: int = _opt("int", "Recycle a reused child after N attempts (0: never).",
+                                   default=0)
+    max_memory_per_child: int = _opt("size", "Kill a child whose resident memory passes this, "
+                                     "e.g. 512MB, 2GB (0: no limit).", default=0)
+    metrics_port: int = _opt("int", "Serve Prometheus metrics on this port (0: off).", default=0)
+    metrics_host: str = _opt("str", "Address of the metrics server (0.0.0.0 for remote scraping).",
+                             default="127.0.0.1")
+    log_format: str = _opt("choice", "Log lines as text or JSON.", default="text",
+                           choices=("text", "json"))
+    startup_timeout: float = _opt("duration", "How long to wait for an unreachable database at "
+                                  "start before exiting 1.", default=60.0)
+    # ---- timings (hidden options) ----------------------------------------------------------
+    poll_interval: float = _opt("duration", "Fallback poll for work when no NOTIFY arrives.",
+                                default=1.0, hidden=True)
+    rescue_interval: float = _opt("duration", "How often to look for rows whose lease expired.",
+                                  default=5.0, hidden=True)
+    progress_interval: float = _opt("duration", "Checkpoints reach the database at most this "
+                                    "often per attempt (coalesced).", default=0.25, hidden=True)
+    tick: float = _opt("duration", "Granularity of timeouts, lease checks and flushes.",
+                       default=0.05, hidden=True)
+    memory_interval: float = _opt("duration", "How often children's memory is sampled.",
+                                  default=0.25, hidden=True)
+    worker_ttl: float = _opt("duration", "A worker row not refreshed for this long is stale.",
+                             default=30.0, hidden=True)
+    worker_refresh: float = _opt("duration", "How often the worker row is refreshed.",
+                                 default=5.0, hidden=True)
+    listen_ping: float = _opt("duration", "A quiet LISTEN connection re-issues LISTEN this often "
+                              "(a half-open one never errors).", default=15.0, hidden=True)
+    claim_timeout: float = _opt("duration", "Deadline of one claim.", default=5.0, hidden=True)
+    finish_timeout: float = _opt("duration", "Deadline of one batch of results.", default=10.0,
+                                 hidden=True)
+    flush_timeout: float = _opt("duration", "At the end of a drain: how long unwritten results may "
+                                "wait for the database.", default=10.0, hidden=True)
+    exit_timeout: float = _opt("duration", "At stop: how long idle children may take to exit.",
+                               default=5.0, hidden=True)
+    respawn_max: float = _opt("duration", "Longest wait between failed starts of children or of a "
+                              "crashed service (exponential backoff).", default=10.0, hidden=True)
+    max_snooze: float = _opt("duration", "Longest delay a handler's Snooze may ask for.",
+                             default=365 * DAY, hidden=True)
+    max_backoff: float = _opt("duration", "Longest retry delay (backoff) of a failed attempt.",
+                              default=DAY, hidden=True)
+    output_lines_per_second: int = _opt("int", "Handler output lines logged per second and "
+                                        "attempt (bursts of 10x); the rest are counted.",
+                                        default=200, hidden=True)
+
+    def validate(self) -> Settings:
+        if not self.queues:
+            raise ConfigurationError("at least one --queue is required")
+        if self.concurrency < 1:
+            raise ConfigurationError("--concurrency must be at least 1")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["kind"] in ("int", "size") and value < 0:
+                raise ConfigurationError(f"{option_name(f)} must not be negative")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError("--metrics-port must be between 0 and 65535")
+        for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
+                     "finish_timeout", "worker_refresh", "listen_ping", "memory_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
+        return self
+
+    @property
+    def child_database_url(self) -> str:
+        return self.handler_database_url or self.database_url
+
+
+def option_name(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata["option"] or "--" + f.name.replace("_", "-"))
+
+
+def _parser(kind: str) -> Callable[[str], Any]:
+    return {"duration": parse_duration, "size": parse_size}.get(kind, str)
+
+
+def options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a click command with one option per setting (values arrive as text)."""
+    for f in reversed(dataclasses.fields(Settings)):
+        kind = f.metadata["kind"]
+        decl = option_name(f)
+        common: dict[str, Any] = {"help": f.metadata["help"], "hidden": f.metadata["hidden"]}
+        if kind == "queues":
+            command = click.option(decl, f.name, multiple=True, **common)(command)
+        elif kind == "choice":
+            command = click.option(decl, f.name, type=click.Choice(f.metadata["choices"]),
+                                   default=None, **common)(command)
+        else:
+            envvar = {"app": "ATLANTIS_APP",
+                      "handler_database_url": "ATLANTIS_HANDLER_DATABASE_URL"}.get(f.name)
+            command = click.option(decl, f.name, default=None, envvar=envvar, **common)(command)
+    return command
+
+
+def from_options(values: dict[str, Any], **overrides: Any) -> Settings:
+    """Settings from the generated options' raw values; ValueError/ConfigurationError say why not."""
+    given: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        raw = values.get(f.name)
+        if raw is None or raw == ():
+            continue
+        kind = f.metadata["kind"]
+        try:
+            if kind == "int":
+                given[f.name] = int(raw)
+            elif kind == "queues":
+                given[f.name] = tuple(raw)
+            else:
+                given[f.name] = _parser(kind)(raw)
+        except ValueError as exc:
+            raise ConfigurationError(f"{option_name(f)}: {exc}") from None
+    given.update(overrides)
+    return Settings(**given).validate()

@@ -1,0 +1,153 @@
+"""Upkeep: rescue of expired leases, the worker row, LISTEN, and what systemd is told.
+
+Each runs on a connection of its own, so none of them ever delays a lease renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+from atlantis.store.jobs import RescuedRow
+from atlantis.store.queries import Q
+from atlantis.supervisor import policy
+from atlantis.supervisor.completer import Completer
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+from atlantis.units import format_duration
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Upkeep(Service):
+    name = "upkeep"
+
+    def __init__(self, rt: Runtime, completer: Completer, children: Callable[[], int]) -> None:
+        super().__init__(rt)
+        self.db = rt.db("upkeep")
+        self.db_listen = rt.db("listen")
+        self.completer = completer
+        self.children = children
+
+    def loops(self) -> list[Loop]:
+        return [self._rescue_loop, self._worker_loop, self._listen_loop, self._status_loop]
+
+    # ---- rescue ---------------------------------------------------------------------------
+
+    async def _rescue_loop(self) -> None:
+        while True:
+            await self.rescue()
+            await asyncio.sleep(self.rt.settings.rescue_interval)
+
+    async def rescue(self) -> None:
+        rt = self.rt
+        # Results of ours still waiting to be written (say, finished during an outage) would
+        # be rescued as "lease expired" and run again: write them first.
+        now = rt.now()
+        if any(policy.lease_lost(now, a.lease_end, a.heartbeat) for a in self.completer.pending):
+            self.completer.flush.set()
+            return
+        try:
+            rows = await self.db.fetch_rows(RescuedRow, Q.rescue,
+                                            {"limit": 1000, "worker": rt.worker_id}, timeout=10)
+        except (DatabaseUnavailable, StatementRejected):
+            return
+        rt.metrics.rescued.inc(len(rows))
+        for r in rows:
+            log.warning("job=%s: lease expired, its worker presumed dead; now %s", r.id, r.state,
+                        extra={"job_id": r.id, "queue": r.queue})
+        if rows:
+            rt.wake.set()
+
+    # ---- the worker row -------------------------------------------------------------------
+
+    async def _worker_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.settings.worker_refresh)
+            await self.register()
+
+    async def register(self) -> None:
+        rt = self.rt
+        try:
+            await self.db.fetch(Q.worker_upsert, {
+                "id": rt.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "queues": list(rt.settings.queues), "concurrency": rt.settings.concurrency,
+                "in_flight": len(rt.in_flight),
+                "status": "draining" if rt.draining else "running", "ttl": rt.settings.worker_ttl,
+            }, timeout=5)
+        except (DatabaseUnavailable, StatementRejected):
+            pass
+
+    async def unregister(self) -> None:
+        try:
+            # During an outage, do not hold the stop up for it: the row expires by itself.
+            await self.db.fetch(Q.worker_delete, {"id": self.rt.worker_id},
+                                timeout=1 if self.rt.health.down_since is not None else 5)
+        except (DatabaseUnavailable, StatementRejected):
+            pass
+
+    # ---- notifications --------------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        """Wake the claimer on NOTIFY; its poll covers any gap.
+
+        NOTIFYs sent while no session listens are lost, so every new session wakes the
+        claimer once. LISTEN is re-issued every ``listen_ping``: a no-op for the server and
+        a round trip that proves a quiet connection alive (a half-open one would otherwise
+        swallow notifications forever without an error).
+        """
+        rt = self.rt
+        queues = set(rt.settings.queues)
+        db = self.db_listen
+        session = db.connects
+        while not rt.draining:
+            try:
+                await db.fetch(Q.listen, timeout=5)
+            except (DatabaseUnavailable, StatementRejected):
+                await asyncio.sleep(0.1)  # the connection's backoff paces the retries
+                continue
+            if db.connects != session:
+                session = db.connects
+                rt.wake.set()  # anything enqueued while we were not listening
+            try:
+                async for payload in db.notifications(rt.settings.listen_ping):
+                    if payload in queues:
+                        rt.wake.set()
+            except DatabaseUnavailable:
+                continue
+
+    # ---- systemd and metrics --------------------------------------------------------------
+
+    def status(self) -> str:
+        rt = self.rt
+        db = ""
+        if rt.health.down_since is not None:
+            down = format_duration(round(rt.now() - rt.health.down_since))
+            db = f", database unreachable for {down} ({rt.health.error})"
+        phase = "draining" if rt.draining else "serving"
+        return (f"STATUS={phase} {','.join(rt.settings.queues)}: "
+                f"{len(rt.in_flight)}/{rt.settings.concurrency} in flight{db}")
+
+    async def _status_loop(self) -> None:
+        """STATUS follows the in-flight count (at most once a tick); WATCHDOG from here."""
+        rt = self.rt
+        last_status = last_watchdog = rt.now()
+        last_in_flight = -1
+        while True:
+            now = rt.now()
+            if now - last_status >= rt.settings.worker_refresh or len(rt.in_flight) != last_in_flight:
+                last_status = now
+                last_in_flight = len(rt.in_flight)
+                rt.notifier.notify(self.status())
+                rt.metrics.in_flight.set(last_in_flight)
+                rt.metrics.children.set(self.children())
+                rt.metrics.database_up.set(0 if rt.health.down_since is not None else 1)
+            wd = rt.notifier.watchdog_interval
+            if wd is not None and now - last_watchdog >= wd:
+                last_watchdog = now
+                rt.notifier.notify("WATCHDOG=1")
+            await asyncio.sleep(rt.settings.tick)

@@ -1,0 +1,84 @@
+"""Handlers for the supervisor's containment tests (tests/test_containment.py).
+
+``contain.Act`` does what its ``mode`` says:
+
+- ``ok``: records ``ran``.
+- ``env``: records the database URL it was given and whether any ``PG*`` variable or the
+  supervisor's own URL reached it (``url=...``, ``pg=...``, ``ctx=...``).
+- ``forge-release`` / ``forge-attempt`` / ``oversize``: writes a forged frame straight onto
+  the events pipe (a result claiming ``release``; one overwriting the attempt number; a
+  header announcing a 64 MiB frame), then sleeps.
+- ``checkpoint-nul``: a checkpoint whose message holds NUL and a lone surrogate, then returns.
+- ``snooze-huge``: ``raise Snooze(1e13)``.
+- ``nul-error``: ``raise ValueError("bad\\x00byte")``.
+- ``chatty``: prints 5,000 lines as fast as it can.
+
+``contain.Stuck`` records ``started`` and sleeps past its 2 s timeout (the test stops it
+with SIGSTOP to make it stop reading its control pipe). ``contain.Fails`` always raises.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from typing import Any
+
+import orjson
+
+import atlantis
+from tests.apps.basic import record
+
+registry = atlantis.Registry.from_atl("contain.atl")
+
+
+def _events_fd() -> int:
+    return int(sys.argv[sys.argv.index("--events-fd") + 1])
+
+
+def _forge(body: dict[str, Any] | None, size: int | None = None) -> None:
+    data = orjson.dumps(body) if body is not None else b""
+    os.write(_events_fd(), struct.pack(">I", size if size is not None else len(data)) + data)
+
+
+@registry.handler("contain.Act")
+def act(ctx: atlantis.JobContext, args: Any) -> None:
+    mode = args.mode
+    if mode == "env":
+        pg = sorted(k for k in os.environ if k.startswith("PG"))
+        record(ctx, args.key, f"url={os.environ.get('ATLANTIS_DATABASE_URL')}")
+        record(ctx, args.key, f"pg={','.join(pg)}")
+        record(ctx, args.key, f"ctx={ctx.database_url}")
+        record(ctx, args.key, f"repr={ctx!r}")
+        return
+    record(ctx, args.key, "ran")
+    if mode == "forge-release":
+        _forge({"t": "done", "job_id": ctx.job_id, "outcome": "release"})
+        time.sleep(30)
+    elif mode == "forge-attempt":
+        _forge({"t": "done", "job_id": ctx.job_id, "outcome": "failed", "attempt": 99})
+        time.sleep(30)
+    elif mode == "oversize":
+        _forge(None, size=64 * 1024 * 1024)
+        time.sleep(30)
+    elif mode == "checkpoint-nul":
+        atlantis.checkpoint(ctx, 40, "half\x00way \ud800 there")
+    elif mode == "snooze-huge":
+        raise atlantis.Snooze(1e13)
+    elif mode == "nul-error":
+        raise ValueError("bad\x00byte")
+    elif mode == "chatty":
+        for i in range(5000):
+            print(f"line {i}")
+
+
+@registry.handler("contain.Stuck")
+def stuck(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, "started")
+    time.sleep(60)
+
+
+@registry.handler("contain.Fails")
+def fails(ctx: atlantis.JobContext, args: Any) -> None:
+    raise RuntimeError(f"failure {ctx.attempt}")

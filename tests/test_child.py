@@ -1,0 +1,540 @@
+"""The child on its own (no supervisor, no database): hostile handlers end their attempt only.
+
+Each test starts ``python -m atlantis.child`` (or the zygote) on pipes of its own, plays the
+supervisor's part with typed frames, and checks the ``Done`` it gets back, or how the
+child ended and what it said on stderr. See ``tests/apps/hostile.py`` for the modes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO
+
+import orjson
+import pytest
+
+from atlantis.child.channel import Channel
+from atlantis.child.exits import EXIT_APP_ERROR, EXIT_PROTOCOL
+from atlantis.child.text import (
+    MAX_CHECKPOINT_CHARS,
+    MAX_ERROR_CHARS,
+    MAX_SNOOZE,
+    checkpoint_msg,
+    checkpoint_pct,
+    child_error,
+    describe,
+    snooze_delay,
+    text_of,
+)
+from atlantis.protocol.framing import HEADER
+from atlantis.protocol.messages import (
+    MAX_EVENT_FRAME,
+    Cancel,
+    Checkpoint,
+    ChildError,
+    Done,
+    EventReader,
+    Exited,
+    Fatal,
+    Fork,
+    Forked,
+    FromChild,
+    Lease,
+    Message,
+    Ready,
+    Run,
+    ZygoteReady,
+    decode,
+    dumps,
+    encode,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "tests.apps.hostile:registry"
+_ids = itertools.count(1)
+
+
+class Peer:
+    """The supervisor's end of a child's pipes: send control frames, read events."""
+
+    def __init__(self, control: int, events: int, stderr_path: Path) -> None:
+        self.control, self.events, self.stderr_path = control, events, stderr_path
+        self.reader = EventReader()
+        self.pending: list[FromChild] = []
+
+    def send(self, msg: Message) -> None:
+        os.write(self.control, encode(msg))
+
+    def run(self, mode: str | None = None, *, job: str = "hostile.Misbehave",
+            args: str | None = None, lease: float = 3600.0, margin: float = 1.0) -> int:
+        job_id = next(_ids)
+        if args is None:
+            args = orjson.dumps({"mode": mode, "key": None}).decode()
+        deadline = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
+        self.send(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
+                      args=args, deadline=deadline, lease_end=time.monotonic() + lease,
+                      lease_margin=margin))
+        return job_id
+
+    def next(self, timeout: float = 15.0) -> FromChild | None:
+        """The next event, or None at end of stream."""
+        end = time.monotonic() + timeout
+        while not self.pending:
+            left = end - time.monotonic()
+            assert left > 0, f"no event within {timeout}s; stderr: {self.stderr()!r}"
+            ready, _, _ = select.select([self.events], [], [], left)
+            if not ready:
+                continue
+            data = os.read(self.events, 1 << 20)
+            if not data:
+                return None
+            self.pending.extend(self.reader.feed(data))  # type: ignore[arg-type]
+        return self.pending.pop(0)
+
+    def done(self, job_id: int) -> tuple[list[Checkpoint], Done]:
+        checkpoints = []
+        while True:
+            msg = self.next()
+            assert msg is not None, f"the child ended before its Done; stderr: {self.stderr()!r}"
+            if isinstance(msg, Checkpoint):
+                assert msg.job_id == job_id
+                checkpoints.append(msg)
+                continue
+            assert isinstance(msg, Done), msg
+            assert msg.job_id == job_id
+            return checkpoints, msg
+
+    def attempt(self, mode: str | None = None, *, job: str = "hostile.Misbehave",
+                args: str | None = None) -> tuple[list[Checkpoint], Done]:
+        return self.done(self.run(mode, job=job, args=args))
+
+    def still_serves(self) -> None:
+        _, done = self.attempt("ok")
+        assert done.outcome == "complete" and done.error is None, done
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text("utf-8", "backslashreplace")
+
+
+class Child(Peer):
+    """``python -m atlantis.child`` on pipes of its own, in a session of its own."""
+
+    def __init__(self, tmp: Path, app: str = APP, expect_ready: bool = True) -> None:
+        ctl_r, control = os.pipe()
+        events, ev_w = os.pipe()
+        super().__init__(control, events, tmp / f"child-{next(_ids)}.err")
+        self._err: IO[bytes] = self.stderr_path.open("w+b")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atlantis.child", "--app", app,
+             "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
+            pass_fds=(ctl_r, ev_w), stdin=subprocess.DEVNULL, stdout=self._err,
+            stderr=self._err, start_new_session=True, cwd=ROOT,
+        )
+        os.close(ctl_r)
+        os.close(ev_w)
+        if expect_ready:
+            ready = self.next()
+            assert isinstance(ready, Ready) and ready.pid == self.proc.pid
+
+    def wait(self, timeout: float = 15.0) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        for fd in (self.control, self.events):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(15)
+        self._err.close()
+
+
+@pytest.fixture
+def child(tmp_path: Path) -> Iterator[Child]:
+    """A fresh child, for tests that end it."""
+    c = Child(tmp_path)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def survivor_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Child]:
+    c = Child(tmp_path_factory.mktemp("survivor"))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def survivor(survivor_child: Child) -> Iterator[Child]:
+    """One child for every failure it must survive: each test proves it still serves."""
+    assert survivor_child.proc.poll() is None, survivor_child.stderr()
+    yield survivor_child
+    assert survivor_child.proc.poll() is None, survivor_child.stderr()
+
+
+# ---- failures the child reports and survives ----------------------------------------------
+
+REPORTED = {
+    "ok": ("complete", None, None),
+    "discard-int": ("discard", "discarded", "123"),
+    "discard-none": ("discard", "discarded", "discarded by handler"),
+    "unprintable": ("failed", "exception", "UnprintableError: <unprintable UnprintableError>"),
+    "odd-class": ("failed", "exception", "OddError: odd"),
+    "evil-str": ("failed", "exception", "EvilStrError: evil"),
+    "surrogate": ("failed", "exception", "ValueError: bad \\ud800 value"),
+    "nul": ("failed", "exception", "ValueError: nul  byte"),
+    "keyboard-interrupt": ("failed", "exception", "KeyboardInterrupt"),
+    "generator-exit": ("failed", "exception", "GeneratorExit"),
+    "exit3": ("failed", "exit", "handler called sys.exit(3)"),
+    "no-such-mode": ("failed", "exception", "ValueError: unknown mode 'no-such-mode'"),
+}
+
+
+@pytest.mark.parametrize("mode", REPORTED)
+def test_a_hostile_result_is_reported_and_the_child_serves_on(survivor: Child, mode: str) -> None:
+    outcome, kind, message = REPORTED[mode]
+    _, done = survivor.attempt(mode)
+    assert done.outcome == outcome
+    if kind is None:
+        assert done.error is None
+    else:
+        assert done.error is not None
+        assert (done.error.kind, done.error.message) == (kind, message)
+    survivor.still_serves()
+    survivor.still_serves()
+
+
+def test_a_huge_error_is_clipped(survivor: Child) -> None:
+    _, done = survivor.attempt("huge-error")
+    assert done.outcome == "failed" and done.error is not None
+    assert MAX_ERROR_CHARS < len(done.error.message) < MAX_ERROR_CHARS + 100
+    assert "[truncated: 10000012 characters in all]" in done.error.message
+    assert done.error.traceback is not None and len(done.error.traceback) < MAX_ERROR_CHARS + 100
+    assert done.error.traceback.endswith("x" * 1000 + "\n")
+    survivor.still_serves()
+
+
+def test_an_error_of_control_characters_still_fits_a_frame(survivor: Child) -> None:
+    _, done = survivor.attempt("control-chars")
+    assert done.outcome == "failed" and done.error is not None
+    assert done.error.message.startswith("ValueError: \x01\x01")
+    assert len(done.error.message) < MAX_ERROR_CHARS + 100
+    survivor.still_serves()
+
+
+def test_tracebacks_come_with_failures(survivor: Child) -> None:
+    _, done = survivor.attempt("surrogate")
+    assert done.error is not None and done.error.traceback is not None
+    assert "in misbehave" in done.error.traceback
+    assert done.error.traceback.endswith("ValueError: bad \\ud800 value\n")
+
+
+@pytest.mark.parametrize(("mode", "delay"), [
+    ("snooze-huge", MAX_SNOOZE), ("snooze-inf", MAX_SNOOZE), ("snooze-nan", 0.0),
+    ("snooze-negative", 0.0),
+])
+def test_snooze_delays_are_finite_and_non_negative(survivor: Child, mode: str, delay: float) -> None:
+    _, done = survivor.attempt(mode)
+    assert (done.outcome, done.delay, done.error) == ("snooze", delay, None)
+    survivor.still_serves()
+
+
+@pytest.mark.parametrize(("mode", "pct", "msg"), [
+    ("checkpoint-nan", None, "nan"),
+    ("checkpoint-inf", 100.0, "inf"),
+    ("checkpoint-huge", 50.0, "y" * MAX_CHECKPOINT_CHARS),
+    ("checkpoint-dirty", 50.0, "ab\\ud800c"),
+])
+def test_checkpoints_are_made_fit_to_send(survivor: Child, mode: str, pct: float | None,
+                                          msg: str) -> None:
+    checkpoints, done = survivor.attempt(mode)
+    assert done.outcome == "complete", done
+    assert [(c.pct, c.msg) for c in checkpoints] == [(pct, msg)]
+    survivor.still_serves()
+
+
+def test_an_unprintable_checkpoint_message_is_survived(survivor: Child) -> None:
+    checkpoints, done = survivor.attempt("checkpoint-unprintable")
+    assert done.outcome == "complete", done
+    assert all(c.msg == "<unprintable>" for c in checkpoints)
+    survivor.still_serves()
+
+
+@pytest.mark.parametrize("args", [
+    "not json at all",
+    "[1, 2]",
+    '"a string"',
+    '{"mode": "ok", "key": null, "no_such_field": 1}',
+])
+def test_args_not_valid_for_the_declaration_fail_with_kind_args(survivor: Child, args: str) -> None:
+    _, done = survivor.attempt(args=args)
+    assert done.outcome == "failed" and done.error is not None
+    assert done.error.kind == "args", done.error
+    assert "hostile.Misbehave" in done.error.message
+    survivor.still_serves()
+
+
+def test_an_args_type_that_refuses_fails_with_kind_args(survivor: Child) -> None:
+    _, done = survivor.attempt(job="hostile.ArgsBoom", args='{"key": "k"}')
+    assert done.outcome == "failed" and done.error is not None
+    assert done.error.kind == "args"
+    assert "these args are not for me" in done.error.message
+    survivor.still_serves()
+
+
+def test_an_unknown_job_is_discarded(survivor: Child) -> None:
+    _, done = survivor.attempt(job="hostile.Nope", args="{}")
+    assert done.outcome == "discard" and done.error is not None
+    assert done.error.kind == "discarded" and "hostile.Nope" in done.error.message
+    survivor.still_serves()
+
+
+def test_a_cancel_reaches_the_handler(survivor: Child) -> None:
+    job_id = survivor.run("sleep")
+    survivor.send(Cancel(job_id=job_id + 1000))  # another job's: ignored
+    survivor.send(Cancel(job_id=job_id))
+    _, done = survivor.done(job_id)
+    assert done.outcome == "discard" and done.error is not None
+    assert done.error.message == "saw the cancel"
+    survivor.still_serves()
+
+
+def test_renewed_leases_keep_the_attempt_alive(survivor: Child) -> None:
+    job_id = survivor.run("sleep", lease=2.0, margin=0.5)
+    for _ in range(10):  # 2.5 s: past the first lease's end
+        survivor.send(Lease(job_id=job_id, lease_end=time.monotonic() + 2.0))
+        time.sleep(0.25)
+    survivor.send(Cancel(job_id=job_id))
+    _, done = survivor.done(job_id)
+    assert done.outcome == "discard"
+
+
+# ---- faults that end the child, loudly -----------------------------------------------------
+
+def test_sigterm_fails_the_attempt_then_the_child_exits(child: Child) -> None:
+    job_id = child.run("sleep")
+    time.sleep(0.3)
+    child.proc.send_signal(signal.SIGTERM)
+    _, done = child.done(job_id)
+    assert done.outcome == "failed" and done.error is not None
+    assert (done.error.kind, done.error.message) == ("terminated", "terminated by SIGTERM")
+    assert child.wait() == 0
+
+
+def test_closing_every_descriptor_then_returning_ends_the_child(child: Child) -> None:
+    job_id = child.run("close-fds")
+    assert child.next() is None  # no Done: the child could not send it
+    code = child.wait()
+    if code == EXIT_PROTOCOL:  # as a rule: the Done cannot be sent
+        assert (f"atlantis: job={job_id}: the child lost its events pipe "
+                "([Errno 9] Bad file descriptor)") in child.stderr()
+    else:  # unless the watchdog's once-a-second check came first
+        assert code == -signal.SIGKILL
+        assert f"atlantis: job={job_id}: the child lost its control pipe (" in child.stderr()
+
+
+def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> None:
+    started = time.monotonic()
+    job_id = child.run("close-fds-sleep")
+    assert child.next() is None
+    assert child.wait() == -signal.SIGKILL
+    assert time.monotonic() - started < 10  # not the 20 s sleep, nor the lease's end
+    assert f"atlantis: job={job_id}: the child lost its control pipe (" in child.stderr()
+    assert "; stopping the attempt" in child.stderr()
+
+
+def test_a_watchdog_that_dies_kills_the_tree(child: Child) -> None:
+    job_id = child.run("kill-watchdog")
+    assert child.next() is None
+    assert child.wait() == -signal.SIGKILL
+    assert (f"atlantis: job={job_id}: the child's watchdog failed (RuntimeError); "
+            "stopping the attempt") in child.stderr()
+
+
+def test_a_lost_events_pipe_ends_the_child_with_exit_protocol(child: Child) -> None:
+    os.close(child.events)
+    child.run("ok")
+    assert child.wait() == EXIT_PROTOCOL
+    assert "the child lost its events pipe ([Errno 32] Broken pipe)" in child.stderr()
+
+
+def test_a_lease_that_is_not_renewed_kills_the_child(child: Child) -> None:
+    job_id = child.run("sleep", lease=1.0, margin=0.25)
+    assert child.next() is None
+    assert child.wait() == -signal.SIGKILL
+    assert f"atlantis: job={job_id}: no lease renewal reached this child" in child.stderr()
+
+
+@pytest.mark.parametrize("frame", [
+    HEADER.pack(5) + b"hello",
+    encode(Checkpoint(job_id=1, pct=1.0, msg="not for the child")),
+    HEADER.pack(len(b'{"t": "run"}')) + b'{"t": "run"}',
+])
+def test_a_malformed_control_frame_kills_the_child(child: Child, frame: bytes) -> None:
+    os.write(child.control, frame)
+    assert child.next() is None
+    assert child.wait() == -signal.SIGKILL
+    assert "corrupt control stream" in child.stderr()
+
+
+def test_eof_on_the_control_pipe_ends_the_child(child: Child) -> None:
+    os.close(child.control)
+    assert child.wait() == -signal.SIGKILL
+
+
+def test_an_app_that_cannot_load_is_fatal(tmp_path: Path) -> None:
+    c = Child(tmp_path, app="tests.apps.no_such_app:registry", expect_ready=False)
+    try:
+        msg = c.next()
+        assert isinstance(msg, Fatal) and "no_such_app" in msg.error
+        assert c.wait() == EXIT_APP_ERROR
+    finally:
+        c.close()
+
+
+# ---- the zygote ----------------------------------------------------------------------------
+
+class Zygote:
+    def __init__(self, tmp: Path) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.stderr_path = tmp / "zygote.err"
+        self._err = self.stderr_path.open("w+b")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atlantis.child.zygote", "--app", APP,
+             "--socket-fd", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._err,
+            stderr=self._err, start_new_session=True, cwd=ROOT,
+        )
+        theirs.close()
+        self.sock.settimeout(15)
+
+    def receive(self) -> Message:
+        return decode(self.sock.recv(65536))
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(15)
+        self._err.close()
+
+
+def _worker_fds() -> tuple[list[int], list[int]]:
+    """The worker's four descriptors, and the supervisor's ends (control, events, out)."""
+    ctl_r, ctl_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    out_r, out_w = os.pipe()
+    return [ctl_r, ev_w, out_w, out_w], [ctl_w, ev_r, out_r]
+
+
+def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: Path) -> None:
+    z = Zygote(tmp_path)
+    try:
+        ready = z.receive()
+        assert isinstance(ready, ZygoteReady) and ready.pid == z.proc.pid
+        theirs, ours = _worker_fds()
+        socket.send_fds(z.sock, [b"not json"], theirs)
+        socket.send_fds(z.sock, [dumps(Fork(token=1))], theirs[:2])
+        socket.send_fds(z.sock, [dumps(Ready(pid=1, tree="x"))], theirs)
+        z.sock.send(dumps(Fork(token=2)))
+        socket.send_fds(z.sock, [b'{"t": "fork", "token": "three"}'], theirs)
+        socket.send_fds(z.sock, [dumps(Fork(token=4))], theirs)
+        for fd in theirs[:3]:
+            os.close(fd)
+        forked = z.receive()
+        assert isinstance(forked, Forked) and forked.token == 4
+        control, events, out = ours
+        worker = Peer(control, events, z.stderr_path)
+        ready_msg = worker.next()
+        assert isinstance(ready_msg, Ready) and ready_msg.pid == forked.pid
+        _, done = worker.attempt("discard-int")
+        assert done.outcome == "discard" and done.error is not None and done.error.message == "123"
+        worker.still_serves()
+        os.close(control)  # the worker's EOF: it kills its tree
+        exited = z.receive()
+        assert exited == Exited(pid=forked.pid, code=-signal.SIGKILL)
+        for fd in (events, out):
+            os.close(fd)
+        log = z.stderr_path.read_text()
+        assert log.count("atlantis-zygote: dropped a malformed packet") == 5, log
+        assert "2 descriptors, expected 4" in log and "0 descriptors, expected 4" in log
+        z.sock.shutdown(socket.SHUT_RDWR)
+        assert z.proc.wait(15) == 0
+    finally:
+        z.close()
+
+
+# ---- in-process: the helpers that make results fit ------------------------------------------
+
+def test_a_result_that_cannot_be_encoded_is_replaced_by_a_failure() -> None:
+    r, w = os.pipe()
+    try:
+        bad = Done(job_id=7, outcome="failed", error=ChildError(kind="exception", message="\ud800"))
+        Channel(w).send_done(bad)
+        (msg,) = EventReader().feed(os.read(r, 1 << 20))
+        assert isinstance(msg, Done) and msg.job_id == 7 and msg.outcome == "failed"
+        assert msg.error is not None and msg.error.kind == "exception"
+        assert msg.error.message.startswith("<the result could not be encoded: ")
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_result_too_large_for_a_frame_loses_its_traceback_first() -> None:
+    r, w = os.pipe()
+    try:
+        big = "\x01" * (MAX_EVENT_FRAME // 6)
+        done = Done(job_id=8, outcome="failed",
+                    error=ChildError(kind="exception", message="m", traceback=big))
+        sent = threading.Thread(target=Channel(w).send_done, args=(done,))
+        sent.start()
+        data = b""
+        while not data or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+            data += os.read(r, 1 << 20)
+        sent.join()
+        (msg,) = EventReader().feed(data)
+        assert msg == Done(job_id=8, outcome="failed", error=ChildError(kind="exception", message="m"))
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+class _Broken:
+    def __str__(self) -> str:
+        raise SystemExit(1)
+
+    __repr__ = __str__
+
+
+def test_text_helpers_accept_anything() -> None:
+    assert text_of(_Broken()) == "<unprintable>"
+    assert text_of("a\x00b\udc80") == "ab\\udc80"
+    assert describe(ValueError()) == "ValueError"
+    assert [snooze_delay(v) for v in (math.nan, -1, math.inf, 1e300, 2.5, "x", _Broken())] == [
+        0.0, 0.0, MAX_SNOOZE, MAX_SNOOZE, 2.5, 0.0, 0.0]
+    assert [checkpoint_pct(v) for v in (math.nan, math.inf, -math.inf, 42, _Broken())] == [
+        None, 100.0, 0.0, 42.0, None]
+    assert checkpoint_msg(_Broken()) == "<unprintable>"
+    assert checkpoint_msg("\ud800" * 2000) == ("\\ud800" * 2000)[:MAX_CHECKPOINT_CHARS]
+    error = child_error("discarded", 123)
+    assert (error.kind, error.message, error.traceback) == ("discarded", "123", None)

@@ -1,0 +1,126 @@
+"""The supervisor's decisions as pure functions: no database, no processes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from atlantis.protocol.messages import ChildError, Done
+from atlantis.supervisor import policy
+from atlantis.supervisor.policy import AttemptFacts, Limits, Outcome
+
+LIMITS = Limits(max_snooze=3600.0, max_backoff=60.0, max_memory=512 * 1024**2)
+
+
+def facts(attempt: int = 1, max_attempts: int = 3, base: float = 10.0) -> AttemptFacts:
+    return AttemptFacts(attempt, max_attempts, base, 7200.0)
+
+
+def test_complete_spends_the_attempt() -> None:
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"))
+    assert (out.state, out.spent, out.error) == ("complete", True, None)
+
+
+def test_failure_retries_with_backoff_while_attempts_remain() -> None:
+    err = ChildError(kind="exception", message="ValueError: x", traceback="tb")
+    out = policy.decide(facts(2), LIMITS, Done(job_id=1, outcome="failed", error=err), rand=0.5)
+    assert out.state == "available" and out.spent and out.delay == 20.0
+    assert out.error == {"attempt": 2, "kind": "exception", "message": "ValueError: x",
+                         "traceback": "tb"}
+    last = policy.decide(facts(3), LIMITS, Done(job_id=1, outcome="failed", error=err))
+    assert last.state == "dead" and last.error is not None and last.error["attempt"] == 3
+
+
+def test_the_attempt_number_comes_from_the_supervisor_not_the_child() -> None:
+    err = ChildError(kind="exception", message="m")
+    out = policy.decide(facts(2), LIMITS, Done(job_id=1, outcome="failed", error=err))
+    assert out.error is not None and out.error["attempt"] == 2
+
+
+def test_discard_goes_dead_at_once() -> None:
+    err = ChildError(kind="discarded", message="123")
+    out = policy.decide(facts(1), LIMITS, Done(job_id=1, outcome="discard", error=err))
+    assert (out.state, out.spent) == ("dead", True)
+    assert out.error == {"attempt": 1, "kind": "discarded", "message": "123"}
+
+
+@pytest.mark.parametrize(("asked", "given"), [
+    (5.0, 5.0), (1e13, 3600.0), (math.inf, 3600.0), (math.nan, 0.0), (-3.0, 0.0), (-math.inf, 0.0),
+])
+def test_snooze_delays_are_clamped(asked: float, given: float) -> None:
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="snooze", delay=asked))
+    assert (out.state, out.spent, out.delay) == ("available", False, given)
+
+
+def test_backoff_is_exponential_jittered_and_capped() -> None:
+    assert policy.backoff(10, 1, cap=60, rand=0.0) == 7.5
+    assert policy.backoff(10, 1, cap=60, rand=0.999) < 12.5
+    assert policy.backoff(10, 3, cap=60, rand=0.5) == 40.0
+    assert policy.backoff(10, 30, cap=60, rand=0.5) == 60.0
+    assert policy.backoff(10, 2**31 - 2, cap=60, rand=0.5) == 60.0  # no overflow
+    assert policy.backoff(0, 5, cap=60) == 0.0
+
+
+@pytest.mark.parametrize(("reason", "state", "kind", "spent"), [
+    ("timeout", "available", "timeout", True),
+    ("memory", "available", "memory", True),
+    ("protocol", "available", "protocol", True),
+    ("drain", "available", None, False),
+    ("cancel", "cancelled", "cancelled", True),
+])
+def test_a_stop_by_the_supervisor_decides_whatever_the_child_said(
+        reason: policy.StopReason, state: str, kind: str | None, spent: bool) -> None:
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"), reason)
+    assert out.state == state and out.spent == spent
+    assert (out.error or {}).get("kind") == kind
+    crashed = policy.decide_exit(facts(), LIMITS, -9, reason)
+    assert crashed.state == state and (crashed.error or {}).get("kind") == kind
+
+
+def test_crash_descriptions() -> None:
+    out = policy.decide_exit(facts(), LIMITS, 7)
+    assert out.error is not None and out.error["message"] == "child exited with code 7"
+    assert out.error["exit_code"] == 7
+    out = policy.decide_exit(facts(), LIMITS, -11)
+    assert out.error is not None and out.error["message"] == "killed by SIGSEGV"
+    assert out.error["signal"] == 11
+    assert "perhaps out of memory" in policy.describe_exit(-9)
+    assert policy.describe_exit(-200) == "killed by signal 200"
+
+
+def test_timeout_message_names_the_timeout() -> None:
+    out = policy.decide_exit(AttemptFacts(1, 1, 1.0, 7200.0), LIMITS, -15, "timeout")
+    assert out.state == "dead" and out.error is not None
+    assert out.error["message"] == "timeout after 2h"
+
+
+def test_error_texts_are_cleaned_and_clipped() -> None:
+    err = ChildError(kind="exception", message="bad\x00byte \ud800 " + "x" * 100_000)
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="failed", error=err))
+    assert out.error is not None
+    message = out.error["message"]
+    assert "\x00" not in message and "\\ud800" in message and len(message) < 70_000
+    message.encode("utf-8")  # encodable
+
+
+def test_leases_and_timeouts() -> None:
+    assert policy.lease_margin(4.0) == 1.0 and policy.lease_margin(600.0) == 30.0
+    assert not policy.lease_lost(now=10.0, lease_end=12.0, heartbeat=4.0)
+    assert policy.lease_lost(now=11.0, lease_end=12.0, heartbeat=4.0)
+    assert policy.renewal_due(now=2.0, renewed_at=0.5, heartbeat=4.0)
+    assert not policy.renewal_due(now=1.0, renewed_at=0.5, heartbeat=4.0)
+    assert policy.timed_out(now=10.0, started=5.0, timeout=5.0)
+    assert not policy.timed_out(now=9.9, started=5.0, timeout=5.0)
+    assert not policy.kill_due(now=100.0, term_sent_at=None, grace=1.0)
+    assert policy.kill_due(now=3.0, term_sent_at=1.0, grace=2.0)
+
+
+def test_outcome_labels_name_how_the_attempt_ended() -> None:
+    err = ChildError(kind="exception", message="m")
+    assert policy.decide(facts(1), LIMITS, Done(job_id=1, outcome="failed", error=err)).label == "failed"
+    assert policy.decide(facts(3), LIMITS, Done(job_id=1, outcome="failed", error=err)).label == "failed"
+    assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="discard")).label == "discard"
+    assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="snooze", delay=1)).label == "snooze"
+    assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"), "drain").label == "release"
+    assert Outcome("complete", True).label == "complete"
