@@ -9,9 +9,11 @@ from atlantis.errors import (
     Discard,
     JobNotFoundError,
     Snooze,
+    UniqueKeyTakenError,
     UnknownJobError,
     ValidationError,
 )
+from atlantis.operations import cancel, cancel_async, retry, retry_async
 from atlantis.registry import Registry
 
 __all__ = [
@@ -23,13 +25,18 @@ __all__ = [
     "JobNotFoundError",
     "Registry",
     "Snooze",
+    "UniqueKeyTakenError",
     "UnknownJobError",
     "ValidationError",
+    "cancel",
+    "cancel_async",
     "checkpoint",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "retry",
+    "retry_async",
 ]
 
 __version__ = "0.1.0"

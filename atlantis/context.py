@@ -20,8 +20,8 @@ ProgressSink = Callable[[float, str], None]
 class JobContext:
     """The attempt a handler is running.
 
-    ``cancelled`` turns true once cancellation or a shutdown reached this attempt; a
-    handler that checks it can stop early (it is killed after the grace period anyway).
+    ``cancelled`` turns true once an operator cancelled this job; ``stopping`` once the
+    supervisor drains. A handler that checks them can stop early.
     Its ``repr`` names the job and the attempt only: ``database_url`` (which may hold a
     password) never appears in a log line or a traceback's locals.
     """
@@ -36,6 +36,7 @@ class JobContext:
     database_url: str | None = field(default=None, repr=False)
     _sink: ProgressSink | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
+    _stopping: bool = field(default=False, repr=False)
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
 
@@ -45,7 +46,19 @@ class JobContext:
 
     @property
     def cancelled(self) -> bool:
+        """True once an operator's cancel of this job reached the attempt.
+
+        The handler then has ``--cancel-grace`` to return on its own (the job ends
+        ``cancelled`` whatever it returns); after that its process group gets SIGTERM.
+        """
         return self._cancelled
+
+    @property
+    def stopping(self) -> bool:
+        """True once a drain (a deploy, a shutdown) reached the attempt. Not a cancel: a
+        handler that wants to yield raises ``atlantis.Snooze(0)``, and its row goes back
+        without spending an attempt."""
+        return self._stopping
 
     def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
         """Report progress; never raises. Returns the error that kept it from being sent."""

@@ -47,3 +47,7 @@ class Snooze(Exception):  # noqa: N818 - the name is part of the public API
     def __init__(self, seconds: float) -> None:
         super().__init__(f"snoozed for {seconds}s")
         self.seconds = float(seconds)
+
+
+class UniqueKeyTakenError(AtlantisError):
+    """Another waiting or running job holds this job's unique key; retry once it finishes."""

@@ -267,7 +267,7 @@ def test_a_refused_batch_is_written_row_by_row(db: psycopg.Connection[Any], db_u
             await completer.db.fetch(Q.finish, finish_params("w", [*good, bad]), timeout=5)
         batch = []
         for r in (*good, bad):
-            row = ClaimedRow(r.job_id, "contain.Act", "contain", "{}", 1, 1, 30.0, 3.0, 0.0,
+            row = ClaimedRow(r.job_id, "contain.Act", "contain", "{}", 1, 1, False, 30.0, 3.0, 0.0,
                              datetime.now(UTC))
             batch.append((Attempt(row=row, lease_end=0, renewed_at=0), r))
         await completer._write(batch)

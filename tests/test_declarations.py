@@ -35,7 +35,9 @@ job ImportContacts in directory {
 }
 """
 
-MODIFIER_LIST = "args, retries, timeout, heartbeat, queue, priority, unique, backoff"
+MODIFIER_LIST = (
+    "args, retries, timeout, heartbeat, queue, priority, unique, backoff, stall, schedule, tz"
+)
 TYPE_LIST = (
     "text, varchar(n), int, bigint, boolean, double, numeric, uuid, timestamptz, date, jsonb"
 )
@@ -785,3 +787,180 @@ def test_defaults_past_the_limits_are_refused(text: str, message: str) -> None:
 def test_defaults_within_the_limits_are_kept(declaration: str, default: Any) -> None:
     field = one_field(declaration)
     assert field.default == default and type(field.default) is type(default)
+
+
+# --------------------------------------------------------------------------- stall, schedule, tz
+
+SCHEDULED = """\
+job Nightly in reports {
+  args { day date, region text not null default "eu", force boolean default false }
+  schedule "30 2 * * *"
+  tz       "Europe/Paris"
+  stall    15m
+}
+"""
+
+
+def test_stall_schedule_and_tz() -> None:
+    decl = one_job(SCHEDULED)
+    assert (decl.schedule, decl.tz, decl.stall) == ("30 2 * * *", "Europe/Paris", 900.0)
+    doc = decl.to_json()
+    assert (doc["schedule"], doc["tz"], doc["stall"]) == ("30 2 * * *", "Europe/Paris", 900.0)
+
+
+def test_stall_schedule_and_tz_are_absent_by_default() -> None:
+    decl = one_job("job J in ns { }")
+    assert (decl.stall, decl.schedule, decl.tz) == (None, None, None)
+    doc = decl.to_json()
+    assert (doc["stall"], doc["schedule"], doc["tz"]) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["0 3 * * *", "*/15 * * * *", "0 9-17 * * mon-fri", "0 0 1 jan,jul *", "0 0 L * *",
+     "5 4 * * sun", "0 0 29 2 *", "*/2 * * * * *", "30 0 3 * * *"],
+)  # fmt: skip
+def test_schedules_five_fields_or_six_with_seconds_first(expression: str) -> None:
+    assert one_job(f'job J in ns {{ schedule "{expression}" }}').schedule == expression
+
+
+def test_schedule_without_tz_runs_in_utc_and_tz_may_come_first() -> None:
+    assert one_job('job J in ns { schedule "0 3 * * *" }').tz is None
+    decl = one_job('job J in ns {\n  tz "UTC"\n  schedule "0 3 * * *"\n}\n')
+    assert (decl.tz, decl.schedule) == ("UTC", "0 3 * * *")
+
+
+def test_a_scheduled_job_may_have_nullable_fields_and_fields_with_defaults() -> None:
+    decl = one_job(SCHEDULED)
+    assert [f.name for f in decl.fields] == ["day", "region", "force"]
+
+
+def test_new_modifiers_are_keywords_only_where_expected() -> None:
+    decl = one_job("job J in ns {\n  args { stall int, schedule text, tz text }\n}\n")
+    assert [f.name for f in decl.fields] == ["stall", "schedule", "tz"]
+
+
+SCHEDULE_REFUSALS = [
+    pytest.param(
+        'job J in ns {\n  schedule "0 25 * * *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"0 25 * * *\"': field 2 (hour) '25' is not valid",
+        id="schedule-hour-out-of-range",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "* * * *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"* * * *\"': 4 fields, expected 5 (minute hour "
+        "day-of-month month day-of-week) or 6 with seconds first",
+        id="schedule-four-fields",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 0 * * * * *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"0 0 * * * * *\"': 7 fields, expected 5 (minute "
+        "hour day-of-month month day-of-week) or 6 with seconds first",
+        id="schedule-seven-fields",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "@daily"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"@daily\"': 1 field, expected 5 (minute hour "
+        "day-of-month month day-of-week) or 6 with seconds first",
+        id="schedule-alias",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule ""\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"\"': 0 fields, expected 5 (minute hour "
+        "day-of-month month day-of-week) or 6 with seconds first",
+        id="schedule-empty",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * funday"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"0 3 * * funday\"': field 5 (day-of-week) 'funday' "
+        "is not valid",
+        id="schedule-bad-weekday",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "61 */2 * * * *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"61 */2 * * * *\"': field 1 (second) '61' is not "
+        "valid",
+        id="schedule-bad-second",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "H * * * *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"H * * * *\"': field 1 (minute) 'H' is not valid",
+        id="schedule-hashed",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 0 31 2 *"\n}\n',
+        "jobs.atl:2:12: invalid schedule '\"0 0 31 2 *\"': it never matches a date",
+        id="schedule-never",
+    ),
+    pytest.param(
+        "job J in ns {\n  schedule 0 3 * * *\n}\n",
+        "jobs.atl:2:12: unexpected '0' (expected a string in double quotes)",
+        id="schedule-unquoted",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * *"\n  tz "Europe/Pariss"\n}\n',
+        "jobs.atl:3:6: invalid tz '\"Europe/Pariss\"': not a known time zone (use an IANA name "
+        "such as \"Europe/Paris\" or \"UTC\")",
+        id="tz-unknown",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * *"\n  tz "../../etc/passwd"\n}\n',
+        "jobs.atl:3:6: invalid tz '\"../../etc/passwd\"': not a known time zone (use an IANA "
+        "name such as \"Europe/Paris\" or \"UTC\")",
+        id="tz-path",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * *"\n  tz ""\n}\n',
+        "jobs.atl:3:6: invalid tz '\"\"': not a known time zone (use an IANA name such as "
+        "\"Europe/Paris\" or \"UTC\")",
+        id="tz-empty",
+    ),
+    pytest.param(
+        'job J in ns {\n  tz "Europe/Paris"\n}\n',
+        "jobs.atl:2:3: tz needs a schedule in the same job (it is the time zone the schedule "
+        "runs in)",
+        id="tz-without-schedule",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * *"\n  schedule "0 4 * * *"\n}\n',
+        "jobs.atl:3:3: duplicate modifier 'schedule' (first at jobs.atl:2)",
+        id="schedule-twice",
+    ),
+    pytest.param(
+        'job J in ns {\n  schedule "0 3 * * *", tz "UTC", tz "UTC"\n}\n',
+        "jobs.atl:2:35: duplicate modifier 'tz' (first at jobs.atl:2)",
+        id="tz-twice",
+    ),
+    pytest.param(
+        "job J in ns {\n  args { a int, b text not null }\n  schedule \"0 3 * * *\"\n}\n",
+        "jobs.atl:2:17: field 'b' needs a default or must allow null: the job has a schedule, "
+        "which enqueues it with the defaults",
+        id="scheduled-field-without-default",
+    ),
+    pytest.param(
+        "job J in ns {\n  schedule \"0 3 * * *\"\n  args {\n    a int not null\n  }\n}\n",
+        "jobs.atl:4:5: field 'a' needs a default or must allow null: the job has a schedule, "
+        "which enqueues it with the defaults",
+        id="scheduled-field-args-after-schedule",
+    ),
+    pytest.param(
+        "job J in ns {\n  stall 0s\n}\n",
+        "jobs.atl:2:9: stall must be longer than 0, not '0s'",
+        id="stall-zero",
+    ),
+    pytest.param(
+        "job J in ns {\n  stall 15\n}\n",
+        "jobs.atl:2:9: duration '15' needs a unit: ms, s, m, h or d (as in 15s)",
+        id="stall-without-unit",
+    ),
+    pytest.param(
+        "job J in ns {\n  stall soon\n}\n",
+        "jobs.atl:2:9: unexpected 'soon' (expected a duration such as 30s or 1h30m)",
+        id="stall-not-a-duration",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), SCHEDULE_REFUSALS)
+def test_schedule_tz_and_stall_refusals(text: str, message: str) -> None:
+    assert error(text) == message

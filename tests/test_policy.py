@@ -124,3 +124,21 @@ def test_outcome_labels_name_how_the_attempt_ended() -> None:
     assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="snooze", delay=1)).label == "snooze"
     assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"), "drain").label == "release"
     assert Outcome("complete", True).label == "complete"
+
+
+def test_a_requested_cancel_wins_over_whatever_the_attempt_did() -> None:
+    err = ChildError(kind="exception", message="boom")
+    for done in (Done(job_id=1, outcome="complete"), Done(job_id=1, outcome="snooze", delay=5)):
+        out = policy.decide(facts(), LIMITS, done, cancelled=True)
+        assert out.state == "cancelled" and out.error is not None and out.error["kind"] == "cancelled"
+    failed = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="failed", error=err), cancelled=True)
+    assert failed.state == "cancelled" and failed.error is not None
+    assert failed.error["kind"] == "exception"  # kept; the cancel is appended by the statement
+    for reason in ("timeout", "memory", None):
+        out = policy.decide_exit(facts(), LIMITS, -9, reason, cancelled=True)
+        assert out.state == "cancelled", reason
+    drained = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"), "drain", cancelled=True)
+    assert drained.state == "cancelled"
+    assert policy.cancel_grace_over(now=5.0, heard_at=2.0, grace=3.0)
+    assert not policy.cancel_grace_over(now=4.9, heard_at=2.0, grace=3.0)
+    assert not policy.cancel_grace_over(now=99.0, heard_at=None, grace=3.0)

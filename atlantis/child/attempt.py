@@ -177,7 +177,6 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
         return Done(job_id=job_id, outcome="complete")
     except Terminated as exc:
         term.armed = False
-        ctx._cancelled = True
         return Done(job_id=job_id, outcome="failed", error=child_error(
             "terminated", "terminated by SIGTERM", exc))
     finally:

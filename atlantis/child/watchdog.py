@@ -30,7 +30,7 @@ from atlantis.child.text import describe
 from atlantis.child.tree import kill_group
 from atlantis.context import JobContext
 from atlantis.protocol.framing import MAX_FRAME, ProtocolError
-from atlantis.protocol.messages import Cancel, EventReader, Lease, Run
+from atlantis.protocol.messages import Cancel, EventReader, Lease, Run, Stopping
 
 #: How often, at the least, the watchdog checks that its control pipe is still there.
 CHECK_INTERVAL = 1.0
@@ -42,13 +42,14 @@ class Watchdog(threading.Thread):
         super().__init__(name="atlantis-watchdog", daemon=True)
         self._fd = control_fd
         self._identity = identity(control_fd)
-        self._reader = EventReader(max_frame=MAX_FRAME, expect=(Run, Lease, Cancel))
+        self._reader = EventReader(max_frame=MAX_FRAME, expect=(Run, Lease, Cancel, Stopping))
         self.runs: queue.Queue[Run] = queue.Queue()
         self._lock = threading.Lock()
         self._job_id: int | None = None
         self._lease_end = math.inf
         self._margin = 0.0
         self._cancelled: int | None = None
+        self._stopping: int | None = None
         self.ctx: JobContext | None = None
 
     def attempt_started(self, ctx: JobContext) -> None:
@@ -56,12 +57,15 @@ class Watchdog(threading.Thread):
             self.ctx = ctx
             if self._cancelled == ctx.job_id:  # a cancel that came before the handler started
                 ctx._cancelled = True
+            if self._stopping == ctx.job_id:
+                ctx._stopping = True
 
     def attempt_ended(self) -> None:
         with self._lock:
             self._job_id = None
             self._lease_end = math.inf
             self._cancelled = None
+            self._stopping = None
             self.ctx = None
 
     def run(self) -> None:
@@ -121,6 +125,7 @@ class Watchdog(threading.Thread):
                 self._lease_end = msg.lease_end
                 self._margin = msg.lease_margin
                 self._cancelled = None
+                self._stopping = None
                 self.runs.put(msg)
             elif isinstance(msg, Lease) and msg.job_id == self._job_id:
                 self._lease_end = max(self._lease_end, msg.lease_end)
@@ -128,3 +133,7 @@ class Watchdog(threading.Thread):
                 self._cancelled = msg.job_id
                 if self.ctx is not None and self.ctx.job_id == msg.job_id:
                     self.ctx._cancelled = True
+            elif isinstance(msg, Stopping) and msg.job_id == self._job_id:
+                self._stopping = msg.job_id
+                if self.ctx is not None and self.ctx.job_id == msg.job_id:
+                    self.ctx._stopping = True

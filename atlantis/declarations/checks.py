@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import lark
 
+from atlantis.declarations.cron import cron_problem, zone_problem
 from atlantis.declarations.model import (
     BASE_TYPES,
     DEFAULT_BACKOFF,
@@ -110,6 +111,7 @@ class _Checker:
         seen: dict[str, lark.Token] = {}
         values: dict[str, Any] = {}
         unique_tokens: tuple[lark.Token, ...] = ()
+        raw_fields: tuple[RawField, ...] = ()
         for statement in job.statements:
             modifier = statement.modifier
             head = statement.head
@@ -118,6 +120,7 @@ class _Checker:
             seen[modifier] = head
             if modifier == "args":
                 values["fields"] = self.fields(statement)
+                raw_fields = statement.fields
             elif modifier == "unique":
                 unique_tokens = self.unique(statement)
                 values["unique"] = tuple(str(t) for t in unique_tokens)
@@ -128,6 +131,11 @@ class _Checker:
         for token in unique_tokens:
             if str(token) not in declared:
                 self.fail(token, f"unique field '{token}' is not declared in args")
+        if "tz" in seen and "schedule" not in seen:
+            self.fail(seen["tz"], "tz needs a schedule in the same job (it is the time zone "
+                      "the schedule runs in)")
+        if "schedule" in seen:
+            self.scheduled_fields(raw_fields, values.get("fields", ()))
         return JobDecl(
             name=str(job.name),
             namespace=str(job.namespace),
@@ -139,6 +147,9 @@ class _Checker:
             priority=values.get("priority", DEFAULT_PRIORITY),
             unique=values.get("unique", ()),
             backoff=values.get("backoff", DEFAULT_BACKOFF),
+            stall=values.get("stall"),
+            schedule=values.get("schedule"),
+            tz=values.get("tz"),
             source=f"{self.filename}:{job.keyword.line}",
         )
 
@@ -153,8 +164,28 @@ class _Checker:
             if not queue:
                 self.fail(value, "queue name must not be empty")
             return queue
-        # timeout, heartbeat, backoff: a zero timeout or lease could never be met.
+        if modifier == "schedule":
+            expr = self.string(value)
+            problem = cron_problem(expr)
+            if problem is not None:
+                self.fail(value, f"invalid schedule {self.written(value)}: {problem}")
+            return expr
+        if modifier == "tz":
+            name = self.string(value)
+            problem = zone_problem(name)
+            if problem is not None:
+                self.fail(value, f"invalid tz {self.written(value)}: {problem}")
+            return name
+        # timeout, heartbeat, stall, backoff: a zero timeout, lease or stall threshold could
+        # never be met.
         return self.duration(value, modifier, positive=modifier != "backoff")
+
+    def scheduled_fields(self, raw: tuple[RawField, ...], fields: tuple[Field, ...]) -> None:
+        """A schedule enqueues with the defaults: every field needs one, or must allow null."""
+        for token, f in zip((r.name for r in raw), fields, strict=True):
+            if f.not_null and not f.has_default:
+                self.fail(token, f"field '{token}' needs a default or must allow null: the job "
+                          "has a schedule, which enqueues it with the defaults")
 
     def unique(self, statement: RawStatement) -> tuple[lark.Token, ...]:
         seen: set[str] = set()

@@ -67,6 +67,9 @@ class JobDecl:
     priority: int = DEFAULT_PRIORITY
     unique: tuple[str, ...] = ()
     backoff: float = DEFAULT_BACKOFF  # seconds, base of the exponential retry delay
+    stall: float | None = None  # seconds without a checkpoint before `stalled`; None: 3 x heartbeat
+    schedule: str | None = None  # cron expression: enqueued once per slot, args from defaults
+    tz: str | None = None  # IANA time zone the schedule runs in; None: UTC
     source: str = field(default="", compare=False)  # "file:line"
 
     @property
@@ -89,5 +92,8 @@ class JobDecl:
             "backoff": self.backoff,
             "unique_fields": list(self.unique),
             "fields": [f.to_json() for f in self.fields],
+            "stall": self.stall,
+            "schedule": self.schedule,
+            "tz": self.tz,
             "source": self.source,
         }

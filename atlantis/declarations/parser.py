@@ -41,7 +41,8 @@ from atlantis.errors import DeclarationError
 __all__ = ["MODIFIERS", "TYPES", "parse_atl", "parse_atl_file"]
 
 #: The statements a job block may hold, in the order error messages list them.
-MODIFIERS = ("args", "retries", "timeout", "heartbeat", "queue", "priority", "unique", "backoff")
+MODIFIERS = ("args", "retries", "timeout", "heartbeat", "queue", "priority", "unique", "backoff",
+             "stall", "schedule", "tz")
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -46,7 +46,7 @@ class RawField:
 class RawStatement:
     """One modifier of a job block, e.g. ``retries 3`` or ``args { ... }``."""
 
-    modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, backoff
+    modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, backoff, ...
     head: lark.Token  # the keyword
     value: lark.Token | None = None  # the single value of retries, timeout, queue, ...
     fields: tuple[RawField, ...] = ()  # args

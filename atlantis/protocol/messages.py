@@ -11,7 +11,8 @@ supervisor -> child (control pipe)
   Run        an attempt to run; ``args`` is the row's JSON text, untouched (the child
              decodes it against the declaration; the supervisor never does)
   Lease      the lease was renewed; ``lease_end`` is CLOCK_MONOTONIC
-  Cancel     ctx.cancelled becomes true
+  Cancel     ctx.cancelled becomes true (an operator cancelled the job)
+  Stopping   ctx.stopping becomes true (the supervisor drains; not a cancel)
 child -> supervisor (events pipe)
   Ready      the app is imported; ``tree`` is the ATLANTIS_TREE mark its descendants carry
   Fatal      the app could not be loaded; the child exits
@@ -80,6 +81,12 @@ class Lease:
 class Cancel:
     job_id: int
     t: Literal["cancel"] = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    job_id: int
+    t: Literal["stopping"] = "stopping"
 
 
 # ---- child -> supervisor ---------------------------------------------------------------------
@@ -155,7 +162,7 @@ class Unsafe:
     t: Literal["unsafe"] = "unsafe"
 
 
-ToChild = Run | Lease | Cancel
+ToChild = Run | Lease | Cancel | Stopping
 FromChild = Ready | Fatal | Checkpoint | Done
 ToZygote = Fork
 FromZygote = Forked | Exited | ZygoteReady | ZygoteFatal | Unsafe
@@ -166,7 +173,7 @@ _UNBOUNDED = frozenset({"run.args"})
 
 _TYPES: dict[str, type[Any]] = {
     str(cls.__dataclass_fields__["t"].default): cls
-    for cls in (Run, Lease, Cancel, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
+    for cls in (Run, Lease, Cancel, Stopping, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
                 ZygoteReady, ZygoteFatal, Unsafe)
 }
 _HINTS: dict[type[Any], dict[str, Any]] = {

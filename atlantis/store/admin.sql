@@ -1,64 +1,150 @@
 -- The statements of operators' tools (tide, the console), by name. Loaded with
 -- queries.sql by atlantis/store/queries.py; the same rules hold: every value a parameter.
--- Run only through atlantis/store/admin.py, which reads every row into a dataclass: each
--- column a statement returns is a field there, by name.
+-- Run only through atlantis/store/admin.py (and atlantis/operations.py), which read every
+-- row into a dataclass: each column a statement returns is a field there, by name.
+-- Changes go through the SQL functions of migration 0005 (atlantis.cancel, retry, pause,
+-- resume), one implementation for every path.
+
+-- name: schema_version
+-- Raises UndefinedTable (or InvalidSchemaName) when the schema was never created.
+SELECT max(version) AS version FROM atlantis.schema_migrations
 
 -- name: worker_list
-SELECT id, host, pid, queues, concurrency, in_flight, status, started_at, seen_at
+SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, started_at, seen_at,
+       expires_at, now() AS db_now
   FROM atlantis.workers WHERE expires_at > now() ORDER BY started_at
 
 -- name: job_get
+-- Every column of atlantis.jobs (durations in seconds), the stall threshold and whether the
+-- job is past it, and the database's clock (what ages are measured against).
 SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
        extract(epoch FROM timeout)::float8 AS timeout,
        extract(epoch FROM heartbeat)::float8 AS heartbeat,
        claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
-       error_count, created_at, started_at, finished_at, cancel_requested_at, now() AS db_now
-  FROM atlantis.jobs WHERE id = %(id)s
+       error_count, created_at, started_at, finished_at,
+       extract(epoch FROM backoff)::float8 AS backoff, unique_key, cancel_requested_at,
+       cancelled_by, retried_by, retried_at, progress_history,
+       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
+       atlantis.stalled(j) AS stalled, now() AS db_now
+  FROM atlantis.jobs j WHERE id = %(id)s
 
 -- name: job_list
-SELECT id, job, queue, state, attempt, max_attempts, priority, run_at, progress_pct,
-       progress_msg, last_error, created_at, started_at, finished_at
-  FROM atlantis.jobs
+-- The same columns as job_get, newest first.
+SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
+       extract(epoch FROM timeout)::float8 AS timeout,
+       extract(epoch FROM heartbeat)::float8 AS heartbeat,
+       claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
+       error_count, created_at, started_at, finished_at,
+       extract(epoch FROM backoff)::float8 AS backoff, unique_key, cancel_requested_at,
+       cancelled_by, retried_by, retried_at, progress_history,
+       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
+       atlantis.stalled(j) AS stalled, now() AS db_now
+  FROM atlantis.jobs j
  WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
+   AND (NOT %(stalled)s OR (state = 'running' AND atlantis.stalled(j)))
  ORDER BY id DESC
  LIMIT %(limit)s
 
+-- name: job_attempts
+-- The timeline: every attempt of a job that ended, oldest first.
+SELECT id, attempt, worker, host, pid, child_pid, started_at, finished_at, outcome, error_kind,
+       log_lines, log_dropped
+  FROM atlantis.attempts WHERE job_id = %(job_id)s ORDER BY id
+
 -- name: job_retry
-UPDATE atlantis.jobs
-   SET state = 'available', attempt = 0, run_at = now(), finished_at = NULL,
-       claimed_by = NULL, claimed_until = NULL, cancel_requested_at = NULL
- WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-RETURNING id, queue
+SELECT atlantis.retry(%(id)s, coalesce(%(by)s::text, current_user::text)) AS id
 
 -- name: job_cancel
--- Waiting jobs are cancelled at once; a running attempt is flagged and its supervisor stops
--- it (ctx.cancelled, SIGTERM, SIGKILL after the grace).
-UPDATE atlantis.jobs
-   SET state = CASE WHEN state = 'available' THEN 'cancelled' ELSE state END,
-       finished_at = CASE WHEN state = 'available' THEN now() ELSE finished_at END,
-       cancel_requested_at = CASE WHEN state = 'running' THEN now() ELSE cancel_requested_at END
- WHERE id = %(id)s AND state IN ('available', 'running')
-RETURNING id, state
+-- Waiting jobs are cancelled at once; a running attempt is flagged and its supervisor told
+-- (ctx.cancelled, then SIGTERM after the cancel grace); the job ends cancelled.
+SELECT atlantis.cancel(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state
+
+-- name: operator_pause
+SELECT atlantis.pause(%(queue)s, %(reason)s, coalesce(%(by)s::text, current_user::text)) AS changed
+
+-- name: operator_resume
+SELECT atlantis.resume(%(queue)s, coalesce(%(by)s::text, current_user::text)) AS changed
+
+-- name: operator_prune
+-- Finished jobs older than `older_than` (with their attempts and logs), `batch` at a time:
+-- atlantis.prune comes with the retention migration.
+SELECT atlantis.prune(%(older_than)s::interval, %(states)s::text[], %(batch)s) AS deleted
 
 -- name: notify_queue
 SELECT pg_notify('atlantis_jobs', %(queue)s)
 
+-- name: job_log_lines
+-- One attempt's output after line `after` (ids grow as lines are written).
+SELECT id, attempt, at, stream, line
+  FROM atlantis.logs
+ WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND id > %(after)s
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: job_log_attempt
+-- The attempt that wrote a job's newest log line.
+SELECT attempt FROM atlantis.logs WHERE job_id = %(job_id)s ORDER BY id DESC LIMIT 1
+
 -- name: queue_stats
-SELECT queue,
-       count(*) FILTER (WHERE state = 'available') AS available,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       count(*) FILTER (WHERE state = 'complete') AS complete,
-       count(*) FILTER (WHERE state = 'dead') AS dead,
-       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available' AND run_at <= now()))::float8
-           AS oldest_waiting_seconds,
-       count(*) FILTER (WHERE state = 'complete' AND finished_at > now() - interval '1 minute')
-           AS completed_last_minute
-  FROM atlantis.jobs
- GROUP BY queue
- ORDER BY queue
+-- Every queue anything names (declarations, jobs, an operator's pause, a live supervisor),
+-- with its counts by state, pause, live supervisors, and `unserved`: due jobs wait and no
+-- live supervisor serves the queue.
+WITH live AS (
+    SELECT queues FROM atlantis.workers WHERE expires_at > now()
+), counts AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.state = 'available') AS available,
+           count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now()) AS due,
+           count(*) FILTER (WHERE j.state = 'running') AS running,
+           count(*) FILTER (WHERE j.state = 'running' AND atlantis.stalled(j)) AS stalled,
+           count(*) FILTER (WHERE j.state = 'complete') AS complete,
+           count(*) FILTER (WHERE j.state = 'dead') AS dead,
+           count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
+           extract(epoch FROM now() - min(j.run_at) FILTER (
+               WHERE j.state = 'available' AND j.run_at <= now()))::float8 AS oldest_waiting_seconds,
+           count(*) FILTER (WHERE j.state = 'complete' AND j.finished_at > now() - interval '1 minute')
+               AS completed_last_minute,
+           count(*) FILTER (WHERE j.state = 'complete' AND j.finished_at > now() - interval '1 hour')
+               AS completed_last_hour
+      FROM atlantis.jobs j
+     GROUP BY j.queue
+), names AS (
+    SELECT queue AS name FROM atlantis.job_types
+    UNION SELECT queue FROM counts
+    UNION SELECT name FROM atlantis.queues
+    UNION SELECT unnest(queues) FROM live
+)
+SELECT n.name AS queue,
+       coalesce(c.available, 0) AS available, coalesce(c.due, 0) AS due,
+       coalesce(c.running, 0) AS running, coalesce(c.stalled, 0) AS stalled,
+       coalesce(c.complete, 0) AS complete, coalesce(c.dead, 0) AS dead,
+       coalesce(c.cancelled, 0) AS cancelled, c.oldest_waiting_seconds,
+       coalesce(c.completed_last_minute, 0) AS completed_last_minute,
+       coalesce(c.completed_last_hour, 0) AS completed_last_hour,
+       coalesce(q.paused, false) AS paused, q.reason AS paused_reason,
+       q.changed_by AS paused_by, q.changed_at AS paused_at,
+       EXISTS (SELECT 1 FROM atlantis.job_types t WHERE t.queue = n.name) AS declared,
+       (SELECT count(*) FROM live WHERE n.name = ANY(live.queues)) AS supervisors,
+       coalesce(c.due, 0) > 0 AND NOT EXISTS (SELECT 1 FROM live WHERE n.name = ANY(live.queues))
+           AS unserved
+  FROM names n
+  LEFT JOIN counts c ON c.queue = n.name
+  LEFT JOIN atlantis.queues q ON q.name = n.name
+ ORDER BY n.name
 
 -- name: queue_known
+-- A queue anything names: a declaration, a job, an operator's pause, a live supervisor.
 SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE queue = %(queue)s)
-    OR EXISTS (SELECT 1 FROM atlantis.jobs WHERE queue = %(queue)s) AS known
+    OR EXISTS (SELECT 1 FROM atlantis.jobs WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM atlantis.queues WHERE name = %(queue)s)
+    OR EXISTS (SELECT 1 FROM atlantis.workers WHERE %(queue)s = ANY(queues)) AS known
+
+-- name: queue_served
+-- A queue a declaration names or some supervisor has served (a registered one, or a job of
+-- it that was ever claimed). Enqueueing anywhere else is probably a typo.
+SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM atlantis.workers WHERE %(queue)s = ANY(queues))
+    OR EXISTS (SELECT 1 FROM atlantis.jobs
+                WHERE state IN ('running', 'complete', 'dead', 'cancelled')
+                  AND queue = %(queue)s AND started_at IS NOT NULL) AS known

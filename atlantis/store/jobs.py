@@ -25,6 +25,7 @@ class ClaimedRow:
     """The row's args as JSON text, passed to the child untouched."""
     attempt: int
     max_attempts: int
+    cancel_requested: bool
     timeout: float
     heartbeat: float
     backoff: float
@@ -86,6 +87,11 @@ class Result:
     delay: float
     error: dict[str, Any] | None
     progress: Progress | None
+    label: str = ""
+    """How the attempt ended (atlantis.attempts.outcome): complete, failed, snooze, ..."""
+    child_pid: int | None = None
+    log_lines: int = 0
+    log_dropped: int = 0
 
 
 def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
@@ -104,8 +110,15 @@ def touch_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
     }
 
 
-def finish_params(worker: str, batch: Sequence[Result]) -> dict[str, Any]:
+def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
+                  pid: int | None = None) -> dict[str, Any]:
     return {
+        "labels": [r.label or r.state for r in batch],
+        "child_pids": [r.child_pid for r in batch],
+        "log_lines": [r.log_lines for r in batch],
+        "log_dropped": [r.log_dropped for r in batch],
+        "host": host,
+        "pid": pid,
         "ids": [r.job_id for r in batch],
         "attempts": [r.attempt for r in batch],
         "states": [r.state for r in batch],

@@ -65,6 +65,7 @@ def sync(conn: psycopg.Connection[Any], decls: list[JobDecl]) -> None:
                     "priority": d["priority"], "timeout": d["timeout"],
                     "heartbeat": d["heartbeat"], "backoff": d["backoff"],
                     "unique_fields": d["unique_fields"], "fields": Jsonb(d["fields"]),
-                    "source": d["source"],
+                    "source": d["source"], "stall": d["stall"], "schedule": d["schedule"],
+                    "tz": d["tz"],
                 },
             )

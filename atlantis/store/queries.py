@@ -34,6 +34,24 @@ class Queries:
     release_orphans: LiteralString
     queue_known: LiteralString
     attempt_state: LiteralString
+    cancel_requests: LiteralString
+    paused_queues: LiteralString
+    log_insert: LiteralString
+    log_trim: LiteralString
+    queue_gauges: LiteralString
+    schema_version: LiteralString
+    job_attempts: LiteralString
+    operator_pause: LiteralString
+    operator_resume: LiteralString
+    operator_prune: LiteralString
+    job_log_lines: LiteralString
+    job_log_attempt: LiteralString
+    queue_served: LiteralString
+    schedule_now: LiteralString
+    schedule_fire: LiteralString
+    schedule_list: LiteralString
+    retention_prune: LiteralString
+    retention_prune_schedule_runs: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -55,7 +73,7 @@ class Queries:
 
 def _load() -> Queries:
     files = resources.files("atlantis.store")
-    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql")))
+    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql")))
 
 
 Q = _load()

@@ -8,15 +8,17 @@ SELECT atlantis.enqueue_many(%(job)s, %(args)s::jsonb[], %(run_at)s, %(priority)
 
 -- name: sync_job_type
 INSERT INTO atlantis.job_types (job, queue, max_attempts, priority, timeout, heartbeat, backoff,
-                                unique_fields, fields, source, synced_at)
+                                unique_fields, fields, source, synced_at, stall, schedule, tz)
 VALUES (%(job)s, %(queue)s, %(max_attempts)s, %(priority)s, make_interval(secs => %(timeout)s),
         make_interval(secs => %(heartbeat)s), make_interval(secs => %(backoff)s),
-        %(unique_fields)s, %(fields)s, %(source)s, now())
+        %(unique_fields)s, %(fields)s, %(source)s, now(),
+        make_interval(secs => %(stall)s::double precision), %(schedule)s, %(tz)s)
 ON CONFLICT (job) DO UPDATE SET
     queue = excluded.queue, max_attempts = excluded.max_attempts, priority = excluded.priority,
     timeout = excluded.timeout, heartbeat = excluded.heartbeat, backoff = excluded.backoff,
     unique_fields = excluded.unique_fields, fields = excluded.fields, source = excluded.source,
-    synced_at = excluded.synced_at
+    synced_at = excluded.synced_at, stall = excluded.stall, schedule = excluded.schedule,
+    tz = excluded.tz
 
 -- name: claim
 -- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
@@ -38,11 +40,12 @@ WITH picked AS MATERIALIZED (
 )
 UPDATE atlantis.jobs j
    SET state = 'running', attempt = j.attempt + 1, claimed_by = %(worker)s,
-       claimed_until = now() + j.heartbeat, started_at = now(), cancel_requested_at = NULL
+       claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]'
   FROM picked
  WHERE j.id = picked.id
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
 RETURNING j.id, j.job, j.queue, j.args::text AS args, j.attempt, j.max_attempts,
+          j.cancel_requested_at IS NOT NULL AS cancel_requested,
           extract(epoch FROM j.timeout)::float8 AS timeout,
           extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
           extract(epoch FROM j.backoff)::float8 AS backoff,
@@ -50,13 +53,24 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.attempt, j.max_attempts,
 
 -- name: touch
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
--- also record it. Rows missing from the result have lost their lease.
+-- also record it, and sample it into progress_history (at most one sample a second, the
+-- last 200). Rows missing from the result have lost their lease.
 UPDATE atlantis.jobs j
    SET claimed_until = now() + j.heartbeat,
        progress_pct = CASE WHEN r.has_progress THEN atlantis.clamp_pct(r.pct)
                            ELSE j.progress_pct END,
        progress_msg = CASE WHEN r.has_progress THEN left(r.msg, 256) ELSE j.progress_msg END,
-       progress_at = CASE WHEN r.has_progress THEN now() ELSE j.progress_at END
+       progress_at = CASE WHEN r.has_progress THEN now() ELSE j.progress_at END,
+       progress_history = CASE
+           WHEN NOT r.has_progress THEN j.progress_history
+           WHEN jsonb_array_length(j.progress_history) > 0
+                AND (j.progress_history->-1->>'at')::timestamptz > now() - interval '1 second'
+                THEN j.progress_history
+           WHEN jsonb_array_length(j.progress_history) >= 200
+                THEN (j.progress_history - 0) || jsonb_build_array(jsonb_build_object(
+                     'at', now(), 'pct', atlantis.clamp_pct(r.pct)))
+           ELSE j.progress_history || jsonb_build_array(jsonb_build_object(
+                'at', now(), 'pct', atlantis.clamp_pct(r.pct))) END
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(has_progress)s::bool[],
               %(pcts)s::float8[], %(msgs)s::text[]) AS r(id, attempt, has_progress, pct, msg)
  WHERE j.id = r.id AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
@@ -67,87 +81,177 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 -- The results of many attempts in one statement. The next state of each row was decided
 -- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
 -- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
--- attempt back; `delay` is when an available row may run again.
+-- attempt back; `delay` is when an available row may run again. A cancel requested
+-- meanwhile wins over whatever the attempt did: the row ends `cancelled`. Each written
+-- attempt is also recorded in atlantis.attempts (the timeline).
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
                          %(spent)s::bool[], %(delays)s::float8[], %(errors)s::jsonb[],
-                         %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[])
-        AS r(id, attempt, state, spent, delay, error, has_progress, pct, msg)
+                         %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[],
+                         %(labels)s::text[], %(child_pids)s::int[], %(log_lines)s::int[],
+                         %(log_dropped)s::int[])
+        AS r(id, attempt, state, spent, delay, error, has_progress, pct, msg, label, child_pid,
+             log_lines, log_dropped)
 ), cur AS (
-    SELECT r.*
+    SELECT r.*, j.started_at AS attempt_started,
+           -- Cancelled, but not by this outcome's own cancelled error: append one.
+           j.cancel_requested_at IS NOT NULL
+               AND coalesce(r.error->>'kind', '') <> 'cancelled' AS cancelling,
+           jsonb_build_object('attempt', j.attempt, 'kind', 'cancelled', 'message',
+                              'cancelled by ' || coalesce(j.cancelled_by, 'an operator'))
+               AS cancel_error
       FROM atlantis.jobs j JOIN r ON j.id = r.id AND j.attempt = r.attempt
      WHERE j.claimed_by = %(worker)s AND j.state = 'running'
        FOR UPDATE OF j
+), done AS (
+    UPDATE atlantis.jobs j
+       SET state = CASE WHEN cur.cancelling THEN 'cancelled' ELSE cur.state END,
+           attempt = CASE WHEN cur.spent OR cur.cancelling THEN j.attempt ELSE j.attempt - 1 END,
+           run_at = CASE WHEN cur.state = 'available' AND NOT cur.cancelling
+                         THEN now() + make_interval(secs => cur.delay) ELSE j.run_at END,
+           claimed_until = NULL,
+           finished_at = CASE WHEN cur.cancelling OR cur.state IN ('complete', 'dead', 'cancelled')
+                              THEN now() END,
+           progress_pct = CASE WHEN cur.has_progress THEN atlantis.clamp_pct(cur.pct)
+                               ELSE j.progress_pct END,
+           progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
+           progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
+           last_error = CASE WHEN cur.cancelling THEN cur.cancel_error->>'message'
+                             WHEN cur.error IS NULL THEN j.last_error
+                             ELSE cur.error->>'message' END,
+           error_count = j.error_count + CASE WHEN cur.error IS NULL THEN 0 ELSE 1 END
+                         + CASE WHEN cur.cancelling THEN 1 ELSE 0 END,
+           errors = CASE WHEN cur.cancelling THEN atlantis.errors_append(
+                             CASE WHEN cur.error IS NULL THEN j.errors
+                                  ELSE atlantis.errors_append(j.errors, cur.error
+                                       || jsonb_build_object('at', now(), 'worker', j.claimed_by))
+                             END,
+                             cur.cancel_error || jsonb_build_object('at', now(), 'worker', j.claimed_by))
+                         WHEN cur.error IS NULL THEN j.errors
+                         ELSE atlantis.errors_append(j.errors, cur.error || jsonb_build_object(
+                              'at', now(), 'worker', j.claimed_by)) END
+      FROM cur
+     WHERE j.id = cur.id
+    RETURNING j.id, j.state, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
+              cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped
+), timeline AS (
+    INSERT INTO atlantis.attempts (job_id, attempt, worker, host, pid, child_pid, started_at,
+                                   outcome, error_kind, log_lines, log_dropped)
+    SELECT done.id, done.attempt + CASE WHEN done.state = 'available' AND done.label IN
+                                            ('snooze', 'release') THEN 1 ELSE 0 END,
+           %(worker)s, %(host)s, %(pid)s, done.child_pid, done.attempt_started,
+           CASE WHEN done.cancelling THEN 'cancelled' ELSE done.label END,
+           CASE WHEN done.cancelling THEN 'cancelled' ELSE done.error_kind END,
+           done.log_lines, done.log_dropped
+      FROM done
 )
-UPDATE atlantis.jobs j
-   SET state = cur.state,
-       attempt = CASE WHEN cur.spent THEN j.attempt ELSE j.attempt - 1 END,
-       run_at = CASE WHEN cur.state = 'available' THEN now() + make_interval(secs => cur.delay)
-                     ELSE j.run_at END,
-       claimed_until = NULL,
-       finished_at = CASE WHEN cur.state IN ('complete', 'dead', 'cancelled') THEN now() END,
-       progress_pct = CASE WHEN cur.has_progress THEN atlantis.clamp_pct(cur.pct)
-                           ELSE j.progress_pct END,
-       progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
-       progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
-       last_error = CASE WHEN cur.error IS NULL THEN j.last_error ELSE cur.error->>'message' END,
-       error_count = j.error_count + CASE WHEN cur.error IS NULL THEN 0 ELSE 1 END,
-       errors = CASE WHEN cur.error IS NULL THEN j.errors
-                     ELSE atlantis.errors_append(j.errors, cur.error || jsonb_build_object(
-                          'at', now(), 'worker', j.claimed_by)) END
-  FROM cur
- WHERE j.id = cur.id
-RETURNING j.id, j.state
+SELECT id, state FROM done
 
 -- name: rescue
 -- Rows whose lease expired: their worker is presumed dead. The attempt counts as failed and
--- the row is re-dispatched at once (or sent to dead). The WHERE clause is re-checked on the
--- locked row, so a row that completed meanwhile is left alone.
+-- the row is re-dispatched at once (or sent to dead; or to cancelled if a cancel was
+-- requested). The WHERE clause is re-checked on the locked row, so a row that completed
+-- meanwhile is left alone.
 WITH expired AS MATERIALIZED (
     SELECT id FROM atlantis.jobs
      WHERE state = 'running' AND claimed_until < now()
      ORDER BY claimed_until
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), done AS (
+    UPDATE atlantis.jobs j
+       SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                        WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+           run_at = now(),
+           claimed_until = NULL,
+           finished_at = CASE WHEN j.attempt >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
+                              THEN now() END,
+           last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
+                             THEN 'cancelled by ' || coalesce(j.cancelled_by, 'an operator')
+                             ELSE format('lease expired, worker %%s presumed dead', j.claimed_by) END,
+           error_count = j.error_count + 1,
+           errors = atlantis.errors_append(j.errors, jsonb_build_object(
+               'attempt', j.attempt,
+               'kind', CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                            ELSE 'lease_expired' END,
+               'message', CASE WHEN j.cancel_requested_at IS NOT NULL
+                               THEN 'cancelled by ' || coalesce(j.cancelled_by, 'an operator')
+                                    || format(' (lease expired, worker %%s presumed dead)',
+                                              j.claimed_by)
+                               ELSE format('lease expired, worker %%s presumed dead', j.claimed_by)
+                          END,
+               'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text))
+      FROM expired
+     WHERE j.id = expired.id AND j.state = 'running' AND j.claimed_until < now()
+    RETURNING j.id, j.state, j.queue, j.attempt, j.started_at,
+              j.errors->-1->>'worker' AS worker
+), timeline AS (
+    INSERT INTO atlantis.attempts (job_id, attempt, worker, started_at, outcome, error_kind)
+    SELECT id, attempt, worker, started_at, 'lease_expired',
+           CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'lease_expired' END
+      FROM done
 )
-UPDATE atlantis.jobs j
-   SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-       run_at = now(),
-       claimed_until = NULL,
-       finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-       last_error = format('lease expired, worker %%s presumed dead', j.claimed_by),
-       error_count = j.error_count + 1,
-       errors = atlantis.errors_append(j.errors, jsonb_build_object(
-           'attempt', j.attempt, 'kind', 'lease_expired',
-           'message', format('lease expired, worker %%s presumed dead', j.claimed_by),
-           'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text))
-  FROM expired
- WHERE j.id = expired.id AND j.state = 'running' AND j.claimed_until < now()
-RETURNING j.id, j.state, j.queue
+SELECT id, state, queue FROM done
 
 -- name: worker_upsert
-INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at)
+INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,
+                              jobs)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(status)s,
-        now() + make_interval(secs => %(ttl)s))
+        now() + make_interval(secs => %(ttl)s), %(jobs)s)
 ON CONFLICT (id) DO UPDATE SET
     in_flight = excluded.in_flight, status = excluded.status, seen_at = now(),
-    expires_at = excluded.expires_at
+    expires_at = excluded.expires_at, jobs = excluded.jobs
 
 -- name: worker_delete
 DELETE FROM atlantis.workers WHERE id = %(id)s OR expires_at < now() - interval '1 hour'
 
 -- name: listen
-LISTEN atlantis_jobs
+-- atlantis_jobs: a queue has new work. atlantis_control: cancel, pause, resume.
+LISTEN atlantis_jobs; LISTEN atlantis_control
 
 -- name: release_orphans
 -- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
 -- lost): no child runs them. Give them back at once without spending the attempt, rather
--- than let them wait for their lease to expire and be rescued as a failure.
+-- than let them wait for their lease to expire and be rescued as a failure. A row whose
+-- cancel was requested meanwhile ends cancelled instead.
 UPDATE atlantis.jobs
-   SET state = 'available', attempt = attempt - 1, run_at = now(), claimed_until = NULL
+   SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END,
+       finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+       attempt = attempt - 1, run_at = now(), claimed_until = NULL
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
 RETURNING id
 
 -- name: attempt_state
 -- After a result was sent on a connection that broke: did that write land?
 SELECT state, attempt, claimed_by FROM atlantis.jobs WHERE id = %(id)s
+
+-- name: cancel_requests
+-- The polling fallback of cancellation: attempts of this supervisor whose cancel was asked.
+SELECT id FROM atlantis.jobs
+ WHERE claimed_by = %(worker)s AND state = 'running' AND cancel_requested_at IS NOT NULL
+
+-- name: paused_queues
+SELECT name FROM atlantis.queues WHERE paused AND name = ANY(%(queues)s::text[])
+
+-- name: log_insert
+-- Handler output, a batch of lines of any attempts.
+INSERT INTO atlantis.logs (job_id, attempt, at, stream, line)
+SELECT * FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[], %(ats)s::timestamptz[],
+                     %(streams)s::text[], %(lines)s::text[])
+
+-- name: log_trim
+-- Keep only the newest `keep` lines of one attempt (its byte budget is spent).
+DELETE FROM atlantis.logs
+ WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+   AND id < (SELECT min(id) FROM (SELECT id FROM atlantis.logs
+                                   WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+                                   ORDER BY id DESC LIMIT %(keep)s) AS newest)
+
+-- name: queue_gauges
+-- For the metrics: running jobs past their stall threshold, and the dead-letter queue.
+SELECT count(*) FILTER (WHERE j.state = 'running'
+                          AND coalesce(j.progress_at, j.started_at)
+                              < now() - coalesce(t.stall, j.heartbeat * 3)) AS stalled,
+       count(*) FILTER (WHERE j.state = 'dead') AS dead
+  FROM atlantis.jobs j LEFT JOIN atlantis.job_types t ON t.job = j.job
+ WHERE j.queue = ANY(%(queues)s::text[]) AND j.state IN ('running', 'dead')

@@ -6,7 +6,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from atlantis.protocol.messages import Cancel
+from atlantis.protocol.messages import Cancel, Stopping
 from atlantis.store.jobs import ClaimedRow, Progress
 from atlantis.supervisor.children import Child
 from atlantis.supervisor.policy import AttemptFacts, StopReason
@@ -31,6 +31,11 @@ class Attempt:
     lost: bool = False
     """The lease is gone: nothing more may be written for this attempt."""
     finished: bool = False
+    cancel_heard_at: float | None = None
+    """When this supervisor heard that an operator cancelled the job (the grace starts)."""
+    child_pid: int | None = None
+    log_lines: int = 0
+    log_dropped: int = 0
 
     @property
     def job_id(self) -> int:
@@ -71,11 +76,25 @@ class Attempt:
     def log_extra(self) -> dict[str, Any]:
         return {"job_id": self.row.id, "attempt": self.row.attempt, "queue": self.row.queue}
 
+    @property
+    def cancelling(self) -> bool:
+        return self.cancel_heard_at is not None
+
+    def request_cancel(self, now: float) -> bool:
+        """An operator cancelled the job: tell the handler (``ctx.cancelled``) and start the
+        cancel grace. False if it was known already."""
+        if self.cancel_heard_at is not None:
+            return False
+        self.cancel_heard_at = now
+        if self.child is not None:
+            self.child.send(Cancel(job_id=self.row.id))
+        return True
+
     def stop(self, reason: StopReason, now: float, *, sig: int = signal.SIGTERM,
              detail: str = "") -> None:
         """Stop the attempt's process group; the first reason given is the one recorded.
 
-        SIGTERM comes with a Cancel message (``ctx.cancelled``) and starts the kill grace;
+        SIGTERM starts the kill grace (a drain first tells the handler, ``ctx.stopping``);
         SIGKILL ends it at once.
         """
         if self.stop_reason is None:
@@ -88,5 +107,6 @@ class Attempt:
             self.killed = True
         elif self.term_sent_at is None:
             self.term_sent_at = now
-            child.send(Cancel(job_id=self.row.id))
+            if reason == "drain":
+                child.send(Stopping(job_id=self.row.id))
         child.signal_group(sig)

@@ -69,13 +69,14 @@ class Claimer(Service):
     async def _claim(self) -> None:
         rt = self.rt
         idle = len(self.pool.idle())
-        if not idle:
+        queues = [q for q in rt.settings.queues if q not in rt.paused]
+        if not idle or not queues:
             return
         # In a transaction: a claim abandoned on a link that delivers it late is rolled back.
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
         rows = await self.db.fetch_rows(ClaimedRow, Q.claim, {
-            "queues": list(rt.settings.queues), "jobs": self.jobs, "limit": idle,
+            "queues": queues, "jobs": self.jobs, "limit": idle,
             "worker": rt.worker_id,
         }, timeout=rt.settings.claim_timeout, transaction=True)
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at

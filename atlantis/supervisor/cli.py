@@ -24,6 +24,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from atlantis.app import load_app
+from atlantis.cli.usage import OneLineCommand
 from atlantis.declarations import JobDecl
 from atlantis.errors import AtlantisError
 from atlantis.store import connect, migrate, sync
@@ -55,7 +56,8 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+# Usage errors are one line on stderr and exit 2, like every other failure here.
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @settings_options
 def main(**values: Any) -> None:
     """Claim jobs from QUEUEs and run every attempt in a supervised child process."""

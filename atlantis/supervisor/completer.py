@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Sequence
 
 from atlantis.store.jobs import AttemptStateRow, FinishedRow, Progress, Result, finish_params
@@ -59,7 +61,8 @@ class Completer(Service):
             return
         progress = a.progress if a.progress_dirty else None
         self.queue.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
-                                     outcome.delay, outcome.error, progress)))
+                                     outcome.delay, outcome.error, progress, outcome.label,
+                                     a.child_pid, a.log_lines, a.log_dropped)))
         self.flush.set()
 
     @property
@@ -105,7 +108,8 @@ class Completer(Service):
 
     async def _finish(self, results: Sequence[Result]) -> set[int]:
         rows = await self.db.fetch_rows(FinishedRow, Q.finish,
-                                        finish_params(self.rt.worker_id, results),
+                                        finish_params(self.rt.worker_id, results,
+                                                      socket.gethostname(), os.getpid()),
                                         timeout=self.rt.settings.finish_timeout)
         return {r.id for r in rows}
 
@@ -166,4 +170,5 @@ def sanitized(result: Result, why: str) -> Result:
                 if result.progress else None)
     state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
     delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0
-    return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress)
+    return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress,
+                  result.label[:40], result.child_pid, result.log_lines, result.log_dropped)

@@ -194,8 +194,8 @@ class Db:
                                          transaction=transaction)
         return rows
 
-    async def notifications(self, period: float) -> AsyncIterator[str]:
-        """Payloads of the NOTIFYs that reach this connection during ``period`` seconds.
+    async def notifications(self, period: float) -> AsyncIterator[tuple[str, str]]:
+        """(channel, payload) of the NOTIFYs that reach this connection during ``period`` s.
 
         The caller LISTENs first with :meth:`fetch`, and calls again after each period;
         that statement in between doubles as proof that a quiet connection still lives.
@@ -206,7 +206,7 @@ class Db:
                 raise DatabaseUnavailable(f"{self.role}: not connected")
             try:
                 async for note in conn.notifies(timeout=period):
-                    yield note.payload
+                    yield note.channel, note.payload
             except psycopg.OperationalError as exc:
                 await self._lost(conn, exc)
                 raise DatabaseUnavailable(_describe(exc, self.url)) from exc

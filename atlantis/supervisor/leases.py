@@ -26,6 +26,13 @@ from atlantis.units import format_duration, format_size
 log = logging.getLogger("atlantis.supervisor")
 
 
+def cancel(rt: Runtime, a: Attempt) -> None:
+    """An operator cancelled ``a``'s job: tell the handler; the grace starts now."""
+    if a.request_cancel(rt.now()):
+        log.info("%s: cancelled by an operator; the handler has %s to return", a.tag(),
+                 format_duration(rt.settings.cancel_grace), extra=a.log_extra())
+
+
 class Leases(Service):
     name = "leases"
 
@@ -64,6 +71,12 @@ class Leases(Service):
             log.warning("%s: timeout after %s; terminating it", a.tag(),
                         format_duration(a.timeout), extra=a.log_extra())
             a.stop("timeout", now)
+        if a.stop_reason is None and policy.cancel_grace_over(now, a.cancel_heard_at,
+                                                              self.rt.settings.cancel_grace):
+            log.warning("%s: the handler did not return within the cancel grace of %s; "
+                        "terminating it", a.tag(), format_duration(self.rt.settings.cancel_grace),
+                        extra=a.log_extra())
+            a.stop("cancel", now)
         if not a.killed and policy.kill_due(now, a.term_sent_at, self.rt.settings.kill_grace):
             a.stop(a.stop_reason or "timeout", now, sig=signal.SIGKILL)
 
@@ -134,9 +147,8 @@ class Leases(Service):
                 a.renewed_at = sent
                 if a.child is not None:
                     a.child.send(Lease(job_id=a.job_id, lease_end=a.lease_end))
-                if renewed[a.job_id] and a.stop_reason is None:
-                    log.info("%s: cancelled by an operator; stopping it", a.tag(), extra=a.log_extra())
-                    a.stop("cancel", rt.now())
+                if renewed[a.job_id]:
+                    cancel(rt, a)
             else:
                 self.lose(a, "the lease is gone (the row was rescued or changed); killing the "
                              "attempt, nothing of it will be written")

@@ -28,6 +28,18 @@ class Metrics:
         self.rescued = Counter(
             "atlantis_rescued_total", "Rows of dead workers this supervisor rescued.",
             registry=self.registry)
+        self.stalled = Gauge(
+            "atlantis_stalled_jobs", "Running jobs of the served queues with no checkpoint "
+            "for longer than their stall threshold.", registry=self.registry)
+        self.paused = Gauge(
+            "atlantis_paused_queues", "Served queues an operator paused.", registry=self.registry)
+        self.dead = Gauge(
+            "atlantis_dead_jobs", "Jobs of the served queues in the dead-letter queue.",
+            registry=self.registry)
+        self.schedule_missed = Counter(
+            "atlantis_schedule_slots_missed_total", "Schedule slots skipped because they were "
+            "first seen later than the grace (nothing ran then); counted by the supervisor that "
+            "recorded them.", ["job"], registry=self.registry)
         self.database_up.set(1)
 
     def serve(self, port: int, host: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,6 +38,8 @@ class OutputLog:
     rate: float
     """Lines a second an attempt may log; 0 means no limit."""
     label: Label | None = None
+    sink: Callable[[Label, str, str], None] | None = None
+    """Also receives every logged line of an attempt (to keep it in the database)."""
     dropped: int = 0
     _tokens: float = 0.0
     _refilled: float = field(default_factory=time.monotonic)
@@ -96,4 +99,6 @@ class OutputLog:
         label = self.label
         if label is not None:
             extra.update(job_id=label.job_id, attempt=label.attempt, queue=label.queue)
+            if self.sink is not None:
+                self.sink(label, stream, text)
         out_log.info("%s %s", label.tag() if label else f"child={self.pid}", text, extra=extra)

@@ -103,8 +103,14 @@ def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str,
 
 
 def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
-           detail: str = "") -> Outcome | None:
-    """The outcome when the supervisor stopped the attempt itself, whatever the child said."""
+           detail: str = "", cancelled: bool = False) -> Outcome | None:
+    """The outcome when the supervisor stopped the attempt itself, whatever the child said.
+
+    A cancel an operator requested wins over everything: the handler may have returned,
+    raised, timed out or been drained meanwhile; the job ends ``cancelled``.
+    """
+    if cancelled or reason == "cancel":
+        return Outcome("cancelled", True, error=cancel_error(facts))
     if reason == "timeout":
         return failure(facts, limits, "timeout", f"timeout after {format_duration(facts.timeout)}")
     if reason == "memory":
@@ -114,10 +120,11 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
         return failure(facts, limits, "protocol", f"protocol violation: {detail}")
     if reason == "drain":
         return RELEASE
-    if reason == "cancel":
-        return Outcome("cancelled", True, error={"attempt": facts.attempt, "kind": "cancelled",
-                                                  "message": "cancelled by an operator"})
     return None
+
+
+def cancel_error(facts: AttemptFacts) -> dict[str, Any]:
+    return {"attempt": facts.attempt, "kind": "cancelled", "message": "cancelled by an operator"}
 
 
 def _child_error(facts: AttemptFacts, err: ChildError | None, default_kind: str) -> dict[str, Any]:
@@ -130,9 +137,13 @@ def _child_error(facts: AttemptFacts, err: ChildError | None, default_kind: str)
 
 
 def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason | None = None,
-           rand: float | None = None) -> Outcome:
+           rand: float | None = None, cancelled: bool = False) -> Outcome:
     """The next state of a row whose attempt's child reported ``done``."""
-    stopped = forced(facts, limits, reason)
+    if cancelled and done.outcome in ("failed", "discard"):
+        # Cancelled all the same; the failure is kept in the history before the cancel.
+        error = _child_error(facts, done.error, "exception")
+        return Outcome("cancelled", True, error=error, label="cancelled")
+    stopped = forced(facts, limits, reason, cancelled=cancelled)
     if stopped is not None:
         return stopped
     if done.outcome == "complete":
@@ -151,9 +162,12 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
-                rand: float | None = None) -> Outcome:
+                rand: float | None = None, cancelled: bool = False) -> Outcome:
     """The next state of a row whose attempt's child died without reporting a result."""
-    stopped = forced(facts, limits, reason, detail)
+    if cancelled and reason in (None, "memory", "protocol", "timeout"):
+        failed = decide_exit(facts, limits, returncode, reason, detail, rand)
+        return Outcome("cancelled", True, error=failed.error, label="cancelled")
+    stopped = forced(facts, limits, reason, detail, cancelled=cancelled)
     if stopped is not None:
         return stopped
     more: dict[str, Any] = ({"exit_code": returncode} if returncode >= 0
@@ -197,6 +211,10 @@ def renewal_due(now: float, renewed_at: float, heartbeat: float) -> bool:
 
 def timed_out(now: float, started: float, timeout: float) -> bool:
     return now >= started + timeout
+
+
+def cancel_grace_over(now: float, heard_at: float | None, grace: float) -> bool:
+    return heard_at is not None and now >= heard_at + grace
 
 
 def kill_due(now: float, term_sent_at: float | None, grace: float) -> bool:

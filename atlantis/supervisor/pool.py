@@ -16,6 +16,7 @@ import signal
 from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
 from atlantis.store.jobs import Progress
 from atlantis.supervisor import policy
+from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.children import Child, spawn_child
 from atlantis.supervisor.completer import Completer
@@ -46,9 +47,10 @@ def child_environment(database_url: str, handler_database_url: str) -> dict[str,
 
 
 class Pool:
-    def __init__(self, rt: Runtime, completer: Completer) -> None:
+    def __init__(self, rt: Runtime, completer: Completer, logs: AttemptLogs) -> None:
         self.rt = rt
         self.completer = completer
+        self.logs = logs
         s = rt.settings
         self.env = child_environment(s.database_url, s.handler_database_url)
         self.children: set[Child] = set()
@@ -83,6 +85,7 @@ class Pool:
             try:
                 child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
                                     rt.settings.output_lines_per_second, forker)
+                child.output.sink = self.logs.line
             except OSError as exc:  # out of descriptors or processes: try again later
                 self._start_failed(f"could not start a child: {exc}")
                 return
@@ -151,6 +154,7 @@ class Pool:
         child.label = Label(a.job_id, a.attempt, a.queue)
         child.output.begin(child.label)
         a.child = child
+        a.child_pid = child.pid or None
         a.started = self.rt.now()
         row = a.row
         child.send(Run(
@@ -161,6 +165,8 @@ class Pool:
             lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
             database_url=self.rt.settings.child_database_url,
         ))  # a child that died meanwhile is handled by its exit
+        if row.cancel_requested:  # cancelled while the claim was on its way
+            a.request_cancel(self.rt.now())
         return True
 
     def _attempt_of(self, child: Child) -> Attempt | None:
@@ -171,6 +177,10 @@ class Pool:
         return a if a is not None and a.child is child else None
 
     def _end(self, child: Child, a: Attempt, outcome: policy.Outcome) -> None:
+        if child.label is not None:
+            a.log_lines, a.log_dropped = self.logs.ended(child.label)
+            a.log_dropped += child.output.dropped
+        a.child_pid = child.pid or a.child_pid
         child.label = None
         child.output.end()
         a.child = None
@@ -232,7 +242,8 @@ class Pool:
             self.retire(child)
         else:
             child.state = "idle"
-        self._end(child, a, policy.decide(a.facts, self.rt.limits, msg, a.stop_reason))
+        self._end(child, a, policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
+                                          cancelled=a.cancelling))
         self.ensure()
         self.rt.wake.set()
 
@@ -260,7 +271,7 @@ class Pool:
         a = self._attempt_of(child)
         if a is not None:
             self._end(child, a, policy.decide_exit(a.facts, rt.limits, code, a.stop_reason,
-                                                   a.stop_detail))
+                                                   a.stop_detail, cancelled=a.cancelling))
         if child.state == "starting":
             self._start_failed(f"child {child.pid} exited before it was ready "
                                f"({policy.describe_exit(code)})")

@@ -37,6 +37,8 @@ class Runtime:
     lost_ids: set[int] = field(default_factory=set)
     """Jobs whose attempt lost its lease: never released, left to be rescued."""
     draining: bool = False
+    paused: set[str] = field(default_factory=set)
+    """Served queues an operator paused: not claimed from until resumed."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Wakes the claimer: a child became idle, work was announced, the database is back."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)

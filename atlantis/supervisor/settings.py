@@ -56,6 +56,12 @@ class Settings:
                              default="127.0.0.1")
     log_format: str = _opt("choice", "Log lines as text or JSON.", default="text",
                            choices=("text", "json"))
+    cancel_grace: float = _opt("duration", "After a cancel reaches an attempt: how long the "
+                               "handler may take to return on its own before SIGTERM.",
+                               default=30.0)
+    log_retention_bytes: int = _opt("size", "Handler output kept in the database per attempt "
+                                    "(the newest lines), e.g. 1MB; 0 keeps none.",
+                                    default=1024 * 1024)
     startup_timeout: float = _opt("duration", "How long to wait for an unreachable database at "
                                   "start before exiting 1.", default=60.0)
     # ---- timings (hidden options) ----------------------------------------------------------
@@ -88,9 +94,29 @@ class Settings:
                              default=365 * DAY, hidden=True)
     max_backoff: float = _opt("duration", "Longest retry delay (backoff) of a failed attempt.",
                               default=DAY, hidden=True)
+    cancel_poll: float = _opt("duration", "How often cancels are looked for when no NOTIFY "
+                              "came (the fallback; independent of the heartbeat).",
+                              default=1.0, hidden=True)
+    pause_poll: float = _opt("duration", "How often paused queues are looked up when no NOTIFY "
+                             "came.", default=2.0, hidden=True)
+    log_flush_interval: float = _opt("duration", "How often handler output is written to the "
+                                     "database.", default=0.25, hidden=True)
     output_lines_per_second: int = _opt("int", "Handler output lines logged per second and "
                                         "attempt (bursts of 10x); the rest are counted.",
                                         default=200, hidden=True)
+    retention: float = _opt("duration", "Delete complete and cancelled jobs (with their attempts "
+                            "and logs) this long after they finished (0: keep them).",
+                            default=7 * DAY)
+    dead_retention: float = _opt("duration", "Delete dead jobs (with their attempts and logs) "
+                                 "this long after they finished (0: keep them).",
+                                 default=30 * DAY)
+    retention_interval: float = _opt("duration", "How often finished jobs are pruned (one "
+                                     "supervisor at a time).", default=60.0, hidden=True)
+    schedule_interval: float = _opt("duration", "How often schedules are checked for a due slot.",
+                                    default=1.0, hidden=True)
+    schedule_grace: float = _opt("duration", "A schedule slot first seen later than this after "
+                                 "its time is skipped (counted as missed), not run late.",
+                                 default=60.0, hidden=True)
 
     def validate(self) -> Settings:
         if not self.queues:
@@ -104,7 +130,8 @@ class Settings:
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
-                     "finish_timeout", "worker_refresh", "listen_ping", "memory_interval"):
+                     "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
+                     "cancel_poll", "pause_poll", "log_flush_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self

@@ -12,7 +12,10 @@ Signal handlers only set flags and wake the loop. The services (see docs/archite
 - pool      children, generations, zygotes, respawn backoff, SIGHUP
 - leases    renewal, lost leases, timeouts, memory
 - completer batched outcomes, row-by-row fallback
-- upkeep    rescue, the worker row, LISTEN, systemd status and watchdog
+- upkeep    rescue, the worker row, LISTEN (work, cancels, pauses), systemd status
+- logs      each attempt's output into atlantis.logs, bounded
+- scheduler cron schedules: one job per slot, however many supervisors run
+- retention deletes old finished jobs (one supervisor at a time)
 
 A service loop that dies is logged and restarted (service.py); no fault of one attempt or
 one database error stops the process.
@@ -24,12 +27,16 @@ import asyncio
 import logging
 import signal
 
+from atlantis.protocol.messages import Stopping
 from atlantis.registry import Registry
+from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.claimer import Claimer
 from atlantis.supervisor.completer import Completer
 from atlantis.supervisor.leases import Leases
 from atlantis.supervisor.pool import Pool
+from atlantis.supervisor.retention import Retention
 from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.scheduler import Scheduler
 from atlantis.supervisor.settings import Settings
 from atlantis.supervisor.upkeep import Upkeep
 from atlantis.units import format_duration
@@ -42,6 +49,8 @@ class Supervisor:
                  early_signals: list[int] | None = None) -> None:
         self.settings = settings
         self.jobs = sorted(registry.registrations)
+        self.decls = [d for d in registry.decls.values()
+                      if d.qualified_name in registry.registrations and d.queue in settings.queues]
         self._early_signals = early_signals if early_signals is not None else []
         self.stop_signals = 0
 
@@ -49,12 +58,16 @@ class Supervisor:
         rt = self.rt = Runtime(self.settings)
         self.stop_event = asyncio.Event()
         self.completer = Completer(rt)
-        self.pool = Pool(rt, self.completer)
+        self.logs = AttemptLogs(rt)
+        self.pool = Pool(rt, self.completer, self.logs)
         self.leases = Leases(rt)
         self.claimer = Claimer(rt, self.pool, self.completer, self.jobs)
         self.upkeep = Upkeep(rt, self.completer, lambda: len(self.pool.children))
+        self.scheduler = Scheduler(rt, self.decls)
+        self.retention = Retention(rt)
         rt.health.on_change = self._health_changed
-        services = (self.completer, self.leases, self.upkeep, self.claimer)
+        services = (self.completer, self.logs, self.leases, self.upkeep, self.claimer,
+                    self.scheduler, self.retention)
         # -- starting
         loop = rt.loop
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -79,6 +92,7 @@ class Supervisor:
         # -- draining
         await self._drain()
         # -- stopping
+        await self.logs.drain()
         await self.completer.drain(s.flush_timeout)
         await self.pool.shutdown()
         for service in services:
@@ -113,6 +127,9 @@ class Supervisor:
         rt.notifier.notify("STOPPING=1", self.upkeep.status())
         log.info("draining: %d attempts in flight, waiting up to %s", len(rt.in_flight),
                  format_duration(self.settings.drain_timeout))
+        for a in rt.in_flight.values():  # ctx.stopping: a handler may yield (Snooze(0))
+            if a.child is not None:
+                a.child.send(Stopping(job_id=a.job_id))
         deadline = rt.now() + self.settings.drain_timeout
         seen = min(self.stop_signals, 1)  # two signals before the drain: no wait
         while rt.in_flight and rt.now() < deadline and self.stop_signals == seen:

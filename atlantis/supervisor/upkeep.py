@@ -11,11 +11,15 @@ import os
 import socket
 from collections.abc import Callable
 
+import orjson
+from psycopg.types.json import Jsonb
+
 from atlantis.store.jobs import RescuedRow
 from atlantis.store.queries import Q
 from atlantis.supervisor import policy
 from atlantis.supervisor.completer import Completer
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.leases import cancel
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.units import format_duration
@@ -30,11 +34,14 @@ class Upkeep(Service):
         super().__init__(rt)
         self.db = rt.db("upkeep")
         self.db_listen = rt.db("listen")
+        self.db_poll = rt.db("poll")
+        self._pause_now = asyncio.Event()
         self.completer = completer
         self.children = children
 
     def loops(self) -> list[Loop]:
-        return [self._rescue_loop, self._worker_loop, self._listen_loop, self._status_loop]
+        return [self._rescue_loop, self._worker_loop, self._listen_loop, self._status_loop,
+                self._cancel_loop, self._pause_loop]
 
     # ---- rescue ---------------------------------------------------------------------------
 
@@ -72,15 +79,23 @@ class Upkeep(Service):
 
     async def register(self) -> None:
         rt = self.rt
+        jobs = [{"job_id": a.job_id, "attempt": a.attempt,
+                 "child_pid": a.child.pid if a.child else None,
+                 "rss": a.child.rss() if a.child else 0} for a in list(rt.in_flight.values())]
         try:
             await self.db.fetch(Q.worker_upsert, {
                 "id": rt.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": list(rt.settings.queues), "concurrency": rt.settings.concurrency,
                 "in_flight": len(rt.in_flight),
                 "status": "draining" if rt.draining else "running", "ttl": rt.settings.worker_ttl,
+                "jobs": Jsonb(jobs),
             }, timeout=5)
+            rows = await self.db.fetch(Q.queue_gauges, {"queues": list(rt.settings.queues)},
+                                       timeout=5)
         except (DatabaseUnavailable, StatementRejected):
-            pass
+            return
+        rt.metrics.stalled.set(rows[0][0])
+        rt.metrics.dead.set(rows[0][1])
 
     async def unregister(self) -> None:
         try:
@@ -114,11 +129,72 @@ class Upkeep(Service):
                 session = db.connects
                 rt.wake.set()  # anything enqueued while we were not listening
             try:
-                async for payload in db.notifications(rt.settings.listen_ping):
-                    if payload in queues:
+                async for channel, payload in db.notifications(rt.settings.listen_ping):
+                    if channel == "atlantis_control":
+                        self._control(payload)
+                    elif payload in queues:
                         rt.wake.set()
             except DatabaseUnavailable:
                 continue
+
+    def _control(self, payload: str) -> None:
+        """An operator's request: a cancel (for our attempts), a pause or a resume."""
+        try:
+            msg = orjson.loads(payload)
+            op = msg["op"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            log.warning("ignored a malformed control notification: %.200s", payload)
+            return
+        rt = self.rt
+        if op == "cancel" and msg.get("worker") == rt.worker_id:
+            a = rt.in_flight.get(msg.get("job_id"))
+            if a is not None:
+                cancel(rt, a)
+        elif op in ("pause", "resume") and msg.get("queue") in rt.settings.queues:
+            self._pause_now.set()
+
+    # ---- cancels and pauses: the polling fallback -----------------------------------------
+
+    async def _cancel_loop(self) -> None:
+        """Cancels this supervisor did not hear of (a lost NOTIFY), every ``cancel_poll``."""
+        rt = self.rt
+        while True:
+            await asyncio.sleep(rt.settings.cancel_poll)
+            if not rt.in_flight or all(a.cancelling for a in rt.in_flight.values()):
+                continue
+            try:
+                rows = await self.db_poll.fetch(Q.cancel_requests, {"worker": rt.worker_id},
+                                                timeout=5)
+            except (DatabaseUnavailable, StatementRejected):
+                continue
+            for (job_id,) in rows:
+                a = rt.in_flight.get(job_id)
+                if a is not None:
+                    cancel(rt, a)
+
+    async def _pause_loop(self) -> None:
+        rt = self.rt
+        while True:
+            try:
+                rows = await self.db_poll.fetch(Q.paused_queues,
+                                                {"queues": list(rt.settings.queues)}, timeout=5)
+            except (DatabaseUnavailable, StatementRejected):
+                rows = None
+            if rows is not None:
+                paused = {r[0] for r in rows}
+                if paused != rt.paused:
+                    for q in sorted(paused - rt.paused):
+                        log.warning("queue %s is paused: claiming nothing from it", q)
+                    for q in sorted(rt.paused - paused):
+                        log.warning("queue %s is resumed", q)
+                    rt.paused = paused
+                    rt.metrics.paused.set(len(paused))
+                    rt.wake.set()
+            self._pause_now.clear()
+            try:
+                await asyncio.wait_for(self._pause_now.wait(), rt.settings.pause_poll)
+            except TimeoutError:
+                pass
 
     # ---- systemd and metrics --------------------------------------------------------------
 

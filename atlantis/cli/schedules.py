@@ -1,0 +1,81 @@
+"""``tide schedule``: the cron schedules declared in ``.atl`` files (``schedule "CRON"``).
+
+``tide`` adds the group with ``main.add_command(schedule)``; the connection (and its
+one-line failures: exit 1 for an unreachable database or a missing schema) is tide's.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from atlantis.store.schedules import Schedule, list_schedules
+from atlantis.units import format_duration
+
+
+@click.group()
+def schedule() -> None:
+    """Cron schedules: jobs enqueued once per slot by the supervisors."""
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON document: every schedule with next_run, last_run and more.")
+@click.pass_context
+def schedule_list(ctx: click.Context, as_json: bool) -> None:
+    """Each scheduled job: its cron, time zone, next run and last run."""
+    from atlantis.cli.tide import _connect, _dump
+
+    with _connect(ctx) as conn:
+        found, now = list_schedules(conn)
+    if as_json:
+        _dump([s.document() for s in found])
+        return
+    if not found:
+        click.echo("no scheduled jobs (declare one with schedule \"CRON\" in a .atl file)",
+                   err=True)
+        return
+    _table(found, now)
+
+
+def _table(found: list[Schedule], now: datetime) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 1000  # a pipe or a file gets whole lines, never cut
+    table = Table(box=None, pad_edge=False)
+    for header in ("Job", "Queue", "Schedule", "Time zone", "Next run", "Last run", "Last job",
+                   "Missed"):
+        table.add_column(header, overflow="fold")
+    for s in found:
+        last_job = "" if s.last_job_id is None else f"{s.last_job_id} ({s.last_state or 'pruned'})"
+        table.add_row(s.job, s.queue, s.schedule, s.tz or "UTC", _when(s.next_run, now),
+                      _when(s.last_run, now), last_job, str(s.missed) if s.missed else "")
+    console.print(table)
+
+
+def _when(moment: datetime | None, now: datetime) -> str:
+    """``2024-05-01 03:00 UTC (in 3h)``; ``-`` for nothing."""
+    if moment is None:
+        return "-"
+    seconds = round((moment - now).total_seconds())
+    if seconds > 0:
+        relative = f"in {_coarse(seconds)}"
+    elif seconds < 0:
+        relative = f"{_coarse(-seconds)} ago"
+    else:
+        relative = "now"
+    return f"{_utc(moment)} ({relative})"
+
+
+def _coarse(seconds: int) -> str:
+    """A duration to the minute past an hour, to the hour past a day: ``1d2h``, ``3h5m``."""
+    unit = 3600 if seconds >= 86_400 else 60 if seconds >= 3600 else 1
+    return format_duration(round(seconds / unit) * unit)
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

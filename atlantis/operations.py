@@ -1,0 +1,121 @@
+"""Cancel and retry jobs, pause and resume queues, on the caller's connection.
+
+Each call runs one SQL function of migration 0005 (``atlantis.cancel``, ``atlantis.retry``,
+``atlantis.pause``, ``atlantis.resume``): the same rules as for SQL callers, ``tide`` and the
+console. Like :func:`atlantis.enqueue`, nothing here commits: inside an open transaction
+the change is made under a savepoint (a refused call leaves the transaction usable) and
+becomes visible, and the supervisors are told, when the caller commits.
+
+``by`` records who acted (``jobs.cancelled_by``, ``jobs.retried_by``,
+``queues.changed_by``); by default the database role of the connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
+from atlantis.store.queries import Q
+
+UNIQUE_KEY_TAKEN = "ATL03"
+NO_SUCH_JOB = "ATL04"
+
+
+def _translate(exc: psycopg.Error) -> BaseException:
+    message = exc.diag.message_primary or str(exc)
+    if exc.sqlstate == NO_SUCH_JOB:
+        return JobNotFoundError(message)
+    if exc.sqlstate == UNIQUE_KEY_TAKEN:
+        return UniqueKeyTakenError(message)
+    return exc
+
+
+def _call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
+    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
+    try:
+        if in_tx:
+            with conn.transaction():  # a savepoint: never commits the caller's work
+                row = conn.execute(query, params).fetchone()
+        else:
+            row = conn.execute(query, params).fetchone()
+    except psycopg.Error as exc:
+        if not in_tx and not conn.autocommit and not conn.closed:
+            conn.rollback()
+        raise _translate(exc) from None
+    assert row is not None
+    return row[0]
+
+
+async def _call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
+                      params: dict[str, Any]) -> Any:
+    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
+    try:
+        if in_tx:
+            async with conn.transaction():
+                row = await (await conn.execute(query, params)).fetchone()
+        else:
+            row = await (await conn.execute(query, params)).fetchone()
+    except psycopg.Error as exc:
+        if not in_tx and not conn.autocommit and not conn.closed:
+            await conn.rollback()
+        raise _translate(exc) from None
+    assert row is not None
+    return row[0]
+
+
+def cancel(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) -> str | None:
+    """Cancel a job; returns the state it is in afterwards.
+
+    ``"cancelled"`` for a job that was waiting. ``"running"`` for a running one: its
+    supervisor sets ``ctx.cancelled`` in the handler, stops the attempt after the cancel
+    grace, and the job ends ``cancelled``. None when the job had finished already.
+    Raises :class:`~atlantis.JobNotFoundError` for an unknown id.
+    """
+    state: str | None = _call(conn, Q.job_cancel, {"id": job_id, "by": by})
+    return state
+
+
+def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) -> int | None:
+    """Put a ``dead`` or ``cancelled`` job back to ``available`` with a fresh attempt budget.
+
+    Clears its progress and last error, keeps its ``errors`` history. Returns the job's id,
+    or None when it is in another state. Raises :class:`~atlantis.UniqueKeyTakenError`
+    (naming the holder) when another waiting or running job holds its unique key, and
+    :class:`~atlantis.JobNotFoundError` for an unknown id.
+    """
+    found: int | None = _call(conn, Q.job_retry, {"id": job_id, "by": by})
+    return found
+
+
+async def cancel_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
+                       by: str | None = None) -> str | None:
+    """The twin of :func:`cancel` for psycopg's ``AsyncConnection``."""
+    state: str | None = await _call_async(conn, Q.job_cancel, {"id": job_id, "by": by})
+    return state
+
+
+async def retry_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
+                      by: str | None = None) -> int | None:
+    """The twin of :func:`retry` for psycopg's ``AsyncConnection``."""
+    found: int | None = await _call_async(conn, Q.job_retry, {"id": job_id, "by": by})
+    return found
+
+
+def pause(conn: psycopg.Connection[Any], queue: str, *, reason: str | None = None,
+          by: str | None = None) -> bool:
+    """Stop supervisors claiming from ``queue`` (running attempts continue).
+
+    Returns whether the queue was being served until now (False: it was paused already;
+    the reason and who are updated).
+    """
+    changed: bool = _call(conn, Q.operator_pause, {"queue": queue, "reason": reason, "by": by})
+    return changed
+
+
+def resume(conn: psycopg.Connection[Any], queue: str, *, by: str | None = None) -> bool:
+    """Let supervisors claim from ``queue`` again. Returns whether it was paused."""
+    changed: bool = _call(conn, Q.operator_resume, {"queue": queue, "by": by})
+    return changed

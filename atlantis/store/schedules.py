@@ -1,0 +1,85 @@
+"""Schedules as operators' tools see them (``tide schedule list``, the console).
+
+The statements are named queries of ``schedules.sql``; rows are read into the dataclasses
+below by column name. Next runs are computed here from the stored cron expression and the
+database's clock, with the same function the supervisors' scheduler uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+from atlantis.declarations.cron import next_slot
+from atlantis.store.queries import Q
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _ScheduleRow:
+    job: str
+    queue: str
+    schedule: str
+    tz: str | None
+    last_run: datetime | None
+    last_job_id: int | None
+    last_state: str | None
+    missed: int
+    db_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One scheduled job.
+
+    ``tz`` is None for UTC. ``next_run`` is the next slot after the database's clock (None if
+    the expression cannot be read, say after a downgrade). ``last_run`` is the latest slot
+    that enqueued a job, ``last_job_id`` that job and ``last_state`` its state (None once the
+    job was pruned); ``missed`` counts the slots recorded as missed that are still kept.
+    """
+
+    job: str
+    queue: str
+    schedule: str
+    tz: str | None
+    next_run: datetime | None
+    last_run: datetime | None
+    last_job_id: int | None
+    last_state: str | None
+    missed: int
+
+    def document(self) -> dict[str, Any]:
+        """The fields by name, for ``--json`` and the API."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def list_schedules(conn: Conn) -> tuple[list[Schedule], datetime]:
+    """Every scheduled job in the database, by name, and the database's clock."""
+    from datetime import UTC
+
+    rows = conn.cursor(row_factory=class_row(_ScheduleRow)).execute(Q.schedule_list).fetchall()
+    now = rows[0].db_now if rows else _now(conn)
+    found = []
+    for r in rows:
+        try:
+            upcoming = next_slot(r.schedule, r.tz, r.db_now)
+        except Exception:  # a stored expression or zone this version cannot read
+            upcoming = None
+        found.append(Schedule(
+            job=r.job, queue=r.queue, schedule=r.schedule, tz=r.tz,
+            next_run=upcoming.astimezone(UTC) if upcoming is not None else None,
+            last_run=r.last_run, last_job_id=r.last_job_id, last_state=r.last_state,
+            missed=r.missed))
+    return found, now
+
+
+def _now(conn: Conn) -> datetime:
+    row = conn.execute(Q.schedule_now).fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value

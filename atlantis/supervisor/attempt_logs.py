@@ -1,0 +1,131 @@
+"""Attempt logs: each attempt's stdout and stderr lines, kept in ``atlantis.logs``.
+
+The lines the supervisor logs (tagged ``job=N attempt=M``) are also queued here and written
+in batches (one statement per flush). Each attempt keeps at most ``--log-retention-bytes``
+of its newest lines in the database: once its budget is spent, older lines are deleted and
+counted as dropped. The counts reach ``atlantis.attempts`` with the attempt's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from atlantis.store.queries import Q
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.output import Label
+from atlantis.supervisor.policy import clip
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+
+log = logging.getLogger("atlantis.supervisor")
+
+Line = tuple[datetime, str, str, int]
+"""(when, stream, text, size in bytes) of a line not written yet."""
+
+
+@dataclass
+class _Kept:
+    """One attempt's output: lines waiting to be written, and the sizes of those written."""
+
+    pending: deque[Line] = field(default_factory=deque)
+    written: deque[int] = field(default_factory=deque)
+    bytes: int = 0
+    lines: int = 0
+    dropped: int = 0
+    trim: bool = False
+
+
+class AttemptLogs(Service):
+    name = "logs"
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.db = rt.db("logs")
+        self.budget = rt.settings.log_retention_bytes
+        self._kept: dict[tuple[int, int], _Kept] = {}
+        self._ended: set[tuple[int, int]] = set()
+
+    def loops(self) -> list[Loop]:
+        return [self._flush_loop]
+
+    def line(self, label: Label, stream: str, text: str) -> None:
+        """One line of an attempt's output (called from the child's output reader).
+
+        The budget holds in memory too: past it the oldest lines go, the written ones
+        first (deleted at the next flush), so a flood never reaches the database.
+        """
+        if self.budget <= 0:
+            return
+        kept = self._kept.setdefault((label.job_id, label.attempt), _Kept())
+        kept.lines += 1
+        text = clip(text, 64 * 1024)
+        size = len(text.encode("utf-8", "replace")) + 1
+        kept.pending.append((datetime.now(UTC), stream, text, size))
+        kept.bytes += size
+        while kept.bytes > self.budget:
+            if kept.written:
+                kept.bytes -= kept.written.popleft()
+                kept.trim = True
+            else:
+                kept.bytes -= kept.pending.popleft()[3]
+            kept.dropped += 1
+
+    def ended(self, label: Label) -> tuple[int, int]:
+        """The attempt ended: (lines it wrote, lines not kept). Its record is dropped soon."""
+        key = (label.job_id, label.attempt)
+        kept = self._kept.get(key)
+        if kept is None:
+            return (0, 0)
+        self._ended.add(key)
+        return (kept.lines, kept.dropped)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rt.settings.log_flush_interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        batch: list[tuple[int, int, Line]] = []
+        taken: list[tuple[_Kept, list[Line]]] = []
+        for (job_id, attempt), kept in self._kept.items():
+            if kept.pending:
+                lines = list(kept.pending)
+                kept.pending.clear()
+                kept.written.extend(x[3] for x in lines)
+                taken.append((kept, lines))
+                batch.extend((job_id, attempt, x) for x in lines)
+        if batch:
+            try:
+                await self.db.fetch(Q.log_insert, {
+                    "job_ids": [b[0] for b in batch], "attempts": [b[1] for b in batch],
+                    "ats": [b[2][0] for b in batch], "streams": [b[2][1] for b in batch],
+                    "lines": [b[2][2] for b in batch]}, timeout=10)
+            except DatabaseUnavailable:
+                for kept, lines in taken:  # written when the database is back
+                    for _ in lines:
+                        if kept.written:
+                            kept.written.pop()
+                    kept.pending.extendleft(reversed(lines))
+                return
+            except StatementRejected as exc:
+                log.error("%d output lines were refused by the database (%s); dropped",
+                          len(batch), exc)
+        for key, kept in list(self._kept.items()):
+            if kept.trim:
+                kept.trim = False
+                try:
+                    await self.db.fetch(Q.log_trim, {"job_id": key[0], "attempt": key[1],
+                                                     "keep": len(kept.written)}, timeout=10)
+                except (DatabaseUnavailable, StatementRejected):
+                    kept.trim = True
+                    return
+            if key in self._ended and not kept.pending:
+                self._ended.discard(key)
+                del self._kept[key]
+
+    async def drain(self) -> None:
+        await self.flush()

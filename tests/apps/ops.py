@@ -1,0 +1,72 @@
+"""Handlers for tests/test_long_jobs.py. ``ops.Long`` does what its ``mode`` says:
+
+- ``obey``: loops until ``ctx.cancelled``, records ``saw-cancel``, returns.
+- ``ignore``: records ``saw-cancel`` once it sees ``ctx.cancelled`` and keeps going; SIGTERM
+  (the end of the cancel grace) is recorded as ``terminated``.
+- ``raise``: raises once it sees ``ctx.cancelled``.
+- ``yield``: loops until ``ctx.stopping`` (a drain), records ``saw-stopping``, raises
+  ``Snooze(0)``.
+- ``wait``: loops until ``ctx.cancelled`` or ``ctx.stopping``, records which, returns.
+- ``progress``: checkpoints 10, 20, ... every 0.3 s for 3 s, then returns.
+- ``flaky``: fails its first attempt, completes its second.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import atlantis
+from tests.apps.basic import record
+
+registry = atlantis.Registry.from_atl("ops.atl")
+
+
+def _until(predicate: Any, limit: float = 50.0) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@registry.handler("ops.Long")
+def long(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, "started")
+    mode = args.mode
+    if mode == "progress":
+        for i in range(1, 11):
+            ctx.checkpoint(i * 10, f"step {i}")
+            time.sleep(0.3)
+        return
+    if mode == "flaky":
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return
+    if mode == "yield":
+        _until(lambda: ctx.stopping)
+        record(ctx, args.key, "saw-stopping")
+        raise atlantis.Snooze(0)
+    if mode == "wait":
+        _until(lambda: ctx.cancelled or ctx.stopping)
+        record(ctx, args.key, f"cancelled={ctx.cancelled} stopping={ctx.stopping}")
+        return
+    _until(lambda: ctx.cancelled)
+    record(ctx, args.key, "saw-cancel")
+    if mode == "raise":
+        raise RuntimeError("gave up on cancel")
+    if mode == "ignore":
+        try:
+            time.sleep(50)
+        except BaseException:
+            record(ctx, args.key, "terminated")
+            raise
+
+
+@registry.handler("ops.Talk")
+def talk(ctx: atlantis.JobContext, args: Any) -> None:
+    for i in range(args.lines):
+        print(f"talk {i:05d} " + "y" * 40, flush=True)
+        if i % 20 == 0:
+            time.sleep(0.01)
