@@ -10,6 +10,7 @@ import subprocess
 import time
 from typing import Any
 
+import orjson
 import psycopg
 
 import atlantis
@@ -177,3 +178,22 @@ def test_pause_and_resume_with_two_supervisors(db: psycopg.Connection[Any], supe
     wait_state(db, waiting, "complete")
     for sup in sups:
         assert sup.proc.poll() is None
+
+
+def test_watchers_hear_progress_and_ends_once_per_statement(
+        db_url: str, db: psycopg.Connection[Any], supervise: Any) -> None:
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN atlantis_progress")
+        _start(supervise)
+        job_id = _long(db, "progress", "progress")
+        heard: list[list[int]] = []
+
+        def ended() -> bool:
+            for note in listener.notifies(timeout=0.2, stop_after=50):
+                heard.append(orjson.loads(note.payload))
+            return job_row(db, job_id)["state"] == "complete" and len(heard) >= 2
+
+        wait_for(ended, message="progress and completion notifications")
+    assert all(ids == [job_id] for ids in heard)
+    # Samples at most once a second, plus the end: far fewer than the ten checkpoints.
+    assert 2 <= len(heard) <= 6

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from atlantis.store.admin import AttemptRow, JobRow, QueueStats, WorkerRow
+from atlantis.store.admin import AttemptRow, JobRow, QueueStats, WorkerRow, parse_worker
 from atlantis.units import format_duration, format_size
 
 BAR_WIDTH = 30
@@ -93,8 +93,7 @@ def _stamp(at: datetime) -> str:
 # ---- one job ----------------------------------------------------------------------------
 
 def holder_text(worker: str | None) -> str:
-    from atlantis.store.admin import parse_worker
-
+    """``host pid N`` of a worker id ``host:pid:random``."""
     parsed = parse_worker(worker)
     if parsed is None:
         return "-"

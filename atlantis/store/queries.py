@@ -52,6 +52,19 @@ class Queries:
     schedule_list: LiteralString
     retention_prune: LiteralString
     retention_prune_schedule_runs: LiteralString
+    # console.sql (the web console)
+    console_jobs_page: LiteralString
+    console_job_ids: LiteralString
+    console_ids_in_states: LiteralString
+    console_delete_finished: LiteralString
+    console_dlq_groups: LiteralString
+    console_throughput: LiteralString
+    console_estimated_jobs: LiteralString
+    console_logs_since: LiteralString
+    console_log_tail: LiteralString
+    console_log_last_id: LiteralString
+    console_audit_insert: LiteralString
+    console_audit_list: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -73,7 +86,7 @@ class Queries:
 
 def _load() -> Queries:
     files = resources.files("atlantis.store")
-    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql")))
+    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql", "console.sql")))
 
 
 Q = _load()

@@ -55,6 +55,7 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.attempt, j.max_attempts,
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
 -- also record it, and sample it into progress_history (at most one sample a second, the
 -- last 200). Rows missing from the result have lost their lease.
+WITH upd AS (
 UPDATE atlantis.jobs j
    SET claimed_until = now() + j.heartbeat,
        progress_pct = CASE WHEN r.has_progress THEN atlantis.clamp_pct(r.pct)
@@ -75,7 +76,16 @@ UPDATE atlantis.jobs j
               %(pcts)s::float8[], %(msgs)s::text[]) AS r(id, attempt, has_progress, pct, msg)
  WHERE j.id = r.id AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
    AND j.state = 'running' AND j.claimed_until > now()
-RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
+          r.has_progress AND (j.progress_history->-1->>'at')::timestamptz = now() AS sampled
+)
+-- Watchers (the console) hear of new progress samples: one NOTIFY per statement, listing
+-- the jobs that got a sample (at most one a second each).
+, note AS MATERIALIZED (
+    SELECT CASE WHEN count(*) > 0 THEN pg_notify('atlantis_progress', json_agg(id)::text) END
+      FROM upd WHERE sampled
+)
+SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 
 -- name: finish
 -- The results of many attempts in one statement. The next state of each row was decided
@@ -144,8 +154,12 @@ WITH r AS (
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.error_kind END,
            done.log_lines, done.log_dropped
       FROM done
+), note AS MATERIALIZED (
+    -- Watchers (the console) hear which jobs changed state: one NOTIFY per statement.
+    SELECT CASE WHEN count(*) > 0 THEN pg_notify('atlantis_progress', json_agg(id)::text) END
+      FROM done
 )
-SELECT id, state FROM done
+SELECT done.id, done.state FROM done CROSS JOIN note
 
 -- name: rescue
 -- Rows whose lease expired: their worker is presumed dead. The attempt counts as failed and

@@ -1,0 +1,119 @@
+"""The console's database access and the documents it serves.
+
+Every read and write is a function of the store layer run on a pooled connection in a
+worker thread (the store is synchronous; the server is not). Documents are built here once
+for the API, the pages and the event streams: the row's columns, the computed fields, and
+args with the ``--args-redact`` keys hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import orjson
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from atlantis.console.settings import REDACTED
+from atlantis.store import admin
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+
+class Database:
+    """A small pool of autocommit connections (each call is its own transaction)."""
+
+    def __init__(self, url: str, *, max_size: int = 4) -> None:
+        self.pool = ConnectionPool(url, min_size=1, max_size=max_size, open=False,
+                                   kwargs={"autocommit": True,
+                                           "application_name": "atlantis-console"})
+
+    def open(self) -> None:
+        self.pool.open(wait=False)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def call(self, fn: Callable[[Conn], T]) -> T:
+        with self.pool.connection(timeout=10) as conn:
+            return fn(conn)
+
+    async def run(self, fn: Callable[[Conn], T]) -> T:
+        return await anyio.to_thread.run_sync(self.call, fn)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def dumps(doc: Any) -> bytes:
+    return orjson.dumps(doc, default=_default, option=orjson.OPT_NON_STR_KEYS)
+
+
+def redact(value: Any, keys: frozenset[str]) -> Any:
+    """``value`` with the value of every object key in ``keys`` (at any depth) hidden."""
+    if not keys:
+        return value
+    if isinstance(value, dict):
+        return {k: (REDACTED if k in keys else redact(v, keys)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, keys) for v in value]
+    return value
+
+
+def _seconds(a: datetime | None, b: datetime) -> float | None:
+    return None if a is None else round((a - b).total_seconds(), 3)
+
+
+def job_doc(row: admin.JobRow, keys: frozenset[str],
+            attempts: list[admin.AttemptRow] | None = None) -> dict[str, Any]:
+    """The API's job: every column, ``rate`` (pct/min), ``eta_seconds``, ``stalled``,
+    ``stall_after``, and for reading ages without a clock of one's own: ``now`` (the
+    database's clock), ``lease_expires_in``, ``since_checkpoint``, ``since_renewal`` (seconds)
+    and ``holder`` (``{"host", "pid"}`` of the lease holder)."""
+    doc = row.document()
+    doc["args"] = redact(doc["args"], keys)
+    now = row.db_now
+    doc["now"] = now
+    running = row.running
+    doc["lease_expires_in"] = _seconds(row.claimed_until, now) if running else None
+    last = row.last_checkpoint
+    doc["since_checkpoint"] = (None if last is None or not running
+                               else round((now - last).total_seconds(), 3))
+    renewal = row.last_renewal
+    doc["since_renewal"] = (None if renewal is None or not running
+                            else round((now - renewal).total_seconds(), 3))
+    holder = row.holder
+    doc["holder"] = None if holder is None else {"host": holder[0], "pid": holder[1]}
+    if attempts is not None:
+        doc["attempts"] = [admin.as_dict(a) for a in attempts]
+    return doc
+
+
+def sparkline(values: list[float], width: int = 120, height: int = 24,
+              top: float | None = None) -> str:
+    """SVG polyline points for ``values`` spread over ``width`` (empty: nothing to draw)."""
+    if not values:
+        return ""
+    peak = top if top is not None else max(max(values), 1.0)
+    step = width / max(len(values) - 1, 1)
+    points = []
+    for i, v in enumerate(values):
+        y = height - (min(v, peak) / peak) * (height - 2) - 1
+        points.append(f"{i * step:.1f},{y:.1f}")
+    if len(points) == 1:
+        points.append(f"{width:.1f},{points[0].split(',')[1]}")
+    return " ".join(points)

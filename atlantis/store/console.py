@@ -1,0 +1,196 @@
+"""What only the web console (``tide console``) reads and writes, as typed rows.
+
+Single jobs, queues, workers, logs of one attempt, schedules and every change of a job's or
+queue's state come from :mod:`atlantis.store.admin` and :mod:`atlantis.store.schedules`
+(and so from the SQL functions every path shares). Here: keyset pages of jobs with filters
+(args by jsonb containment), the ids a bulk action touches, deletion of finished jobs, the
+dead-letter queue grouped by error fingerprint, throughput per minute, the planner's
+estimate of the table's size, log lines of many jobs at once, and the console's audit
+table. Every statement is a named query of ``console.sql``. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from atlantis.store.admin import FINISHED, JobRow
+from atlantis.store.queries import Q
+
+Conn = psycopg.Connection[Any]
+
+#: The states each action applies to: a bulk action's dry run counts jobs in them.
+ACTION_STATES: dict[str, tuple[str, ...]] = {
+    "retry": ("dead", "cancelled"),
+    "cancel": ("available", "running"),
+    "delete": FINISHED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """What the jobs page and a bulk action "by filter" select. ``args`` is a JSON object the
+    job's args must contain (``args @> ...``); None fields do not filter."""
+
+    state: str | None = None
+    queue: str | None = None
+    job: str | None = None
+    args: dict[str, Any] | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"state": self.state, "queue": self.queue, "job": self.job,
+                "args": None if self.args is None else Jsonb(self.args)}
+
+
+@dataclass(frozen=True, slots=True)
+class DlqGroup:
+    """Dead jobs sharing a fingerprint: job, queue, the last error's kind and first line."""
+
+    queue: str
+    job: str
+    kind: str
+    first_line: str
+    count: int
+    newest_id: int
+    newest_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Jobs of ``queue`` completed in the minute ``minutes_ago`` minutes back (0: this one)."""
+
+    queue: str
+    minutes_ago: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleLogLine:
+    """A log line with its job (``admin.LogLine`` is one job's)."""
+
+    id: int
+    job_id: int
+    attempt: int
+    at: datetime
+    stream: str
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One write the console made (``atlantis.console_audit``)."""
+
+    id: int
+    at: datetime
+    action: str
+    target: str
+    detail: dict[str, Any]
+    client: str | None
+    label: str | None
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Id:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Deleted:
+    deleted: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimate:
+    estimate: int
+
+
+def jobs_page(conn: Conn, flt: JobFilter, *, before: int | None = None,
+              limit: int = 50) -> list[JobRow]:
+    """Up to ``limit`` jobs matching ``flt`` with ids below ``before``, newest first."""
+    cur = conn.cursor(row_factory=class_row(JobRow))
+    return cur.execute(Q.console_jobs_page,
+                       {**flt.params(), "before": before, "limit": limit}).fetchall()
+
+
+def matching_ids(conn: Conn, flt: JobFilter, states: tuple[str, ...], *,
+                 limit: int) -> list[int]:
+    """Ids of jobs matching ``flt`` and in ``states``, newest first, at most ``limit``."""
+    cur = conn.cursor(row_factory=class_row(_Id))
+    rows = cur.execute(Q.console_job_ids,
+                       {**flt.params(), "states": list(states), "limit": limit}).fetchall()
+    return [r.id for r in rows]
+
+
+def ids_in_states(conn: Conn, ids: list[int], states: tuple[str, ...]) -> list[int]:
+    """Of ``ids``, those of jobs in ``states``, newest first."""
+    cur = conn.cursor(row_factory=class_row(_Id))
+    rows = cur.execute(Q.console_ids_in_states, {"ids": ids, "states": list(states)}).fetchall()
+    return [r.id for r in rows]
+
+
+def delete_finished(conn: Conn, ids: list[int]) -> int:
+    """Delete the finished jobs among ``ids`` with their attempts and logs; how many went."""
+    row = conn.cursor(row_factory=class_row(_Deleted)).execute(
+        Q.console_delete_finished, {"ids": ids}).fetchone()
+    return 0 if row is None else row.deleted
+
+
+def dlq_groups(conn: Conn, *, queue: str | None = None, limit: int = 200) -> list[DlqGroup]:
+    """The dead-letter queue grouped by fingerprint, largest group first."""
+    return conn.cursor(row_factory=class_row(DlqGroup)).execute(
+        Q.console_dlq_groups, {"queue": queue, "limit": limit}).fetchall()
+
+
+def throughput(conn: Conn) -> list[Throughput]:
+    """Completions per queue and minute over the last hour (empty minutes absent)."""
+    return conn.cursor(row_factory=class_row(Throughput)).execute(Q.console_throughput).fetchall()
+
+
+def estimated_jobs(conn: Conn) -> int | None:
+    """The planner's estimate of the jobs table's rows; None before its first ANALYZE."""
+    row = conn.cursor(row_factory=class_row(_Estimate)).execute(
+        Q.console_estimated_jobs).fetchone()
+    return None if row is None or row.estimate < 0 else row.estimate
+
+
+def logs_since(conn: Conn, ids: list[int], after: int, *,
+               limit: int = 2000) -> list[ConsoleLogLine]:
+    """Lines of any job in ``ids`` written after line id ``after``, in order."""
+    return conn.cursor(row_factory=class_row(ConsoleLogLine)).execute(
+        Q.console_logs_since, {"ids": ids, "after": after, "limit": limit}).fetchall()
+
+
+def log_tail(conn: Conn, job_id: int, attempt: int, *, limit: int = 200) -> list[ConsoleLogLine]:
+    """The newest ``limit`` lines of one attempt, oldest first."""
+    rows = conn.cursor(row_factory=class_row(ConsoleLogLine)).execute(
+        Q.console_log_tail, {"job_id": job_id, "attempt": attempt, "limit": limit}).fetchall()
+    rows.reverse()
+    return rows
+
+
+def last_log_id(conn: Conn) -> int:
+    """The newest log line's id anywhere, 0 when there is none."""
+    row = conn.cursor(row_factory=class_row(_Id)).execute(Q.console_log_last_id).fetchone()
+    return 0 if row is None else row.id
+
+
+def audit(conn: Conn, *, action: str, target: str, outcome: str, client: str | None,
+          label: str | None, detail: dict[str, Any] | None = None) -> int:
+    """Record one write; returns the audit row's id."""
+    row = conn.cursor(row_factory=class_row(_Id)).execute(Q.console_audit_insert, {
+        "action": action, "target": target, "detail": Jsonb(detail or {}), "client": client,
+        "label": label, "outcome": outcome}).fetchone()
+    assert row is not None
+    return row.id
+
+
+def audit_log(conn: Conn, *, before: int | None = None, limit: int = 100) -> list[AuditRow]:
+    """The newest recorded writes first."""
+    return conn.cursor(row_factory=class_row(AuditRow)).execute(
+        Q.console_audit_list, {"before": before, "limit": limit}).fetchall()
