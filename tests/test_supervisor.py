@@ -535,7 +535,7 @@ def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise
         port = s.getsockname()[1]
     ok = atlantis.enqueue(db, "tests.Echo", {"key": "m1"})
     bad = atlantis.enqueue(db, "tests.Fail", {"key": "m2", "mode": "discard"})
-    supervise("--metrics-port", str(port), concurrency=1)
+    supervise("--metrics-port", str(port), "--worker-refresh", "0.5s", concurrency=1)
     wait_state(db, ok, "complete")
     wait_state(db, bad, "dead")
 
@@ -550,3 +550,6 @@ def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise
     assert 'atlantis_attempts_total{job="tests.Echo",outcome="complete",queue="tests"} 1.0' in text
     assert 'atlantis_attempts_total{job="tests.Fail",outcome="discard",queue="tests"} 1.0' in text
     assert "atlantis_database_up 1.0" in text
+    assert "atlantis_paused_queues 0.0" in text and "atlantis_stalled_jobs 0.0" in text
+    # The dead-letter gauge follows the worker row's refresh.
+    wait_for(lambda: "atlantis_dead_jobs 1.0" in scrape(), message="the dead-letter gauge")
