@@ -197,3 +197,12 @@ def test_watchers_hear_progress_and_ends_once_per_statement(
     assert all(ids == [job_id] for ids in heard)
     # Samples at most once a second, plus the end: far fewer than the ten checkpoints.
     assert 2 <= len(heard) <= 6
+
+
+def test_async_handlers_see_the_cancel_too(db: psycopg.Connection[Any], supervise: Any) -> None:
+    _start(supervise)
+    job_id = atlantis.enqueue(db, "ops.AsyncLong", {"key": "async"})
+    _started(db, "async")
+    atlantis.cancel(db, job_id)
+    row = wait_state(db, job_id, "cancelled")
+    assert _kinds(db, "async") == ["started", "saw-cancel"] and row["errors"][-1]["kind"] == "cancelled"

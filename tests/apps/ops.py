@@ -70,3 +70,16 @@ def talk(ctx: atlantis.JobContext, args: Any) -> None:
         print(f"talk {i:05d} " + "y" * 40, flush=True)
         if i % 20 == 0:
             time.sleep(0.01)
+
+
+@registry.handler("ops.AsyncLong")
+async def async_long(ctx: atlantis.JobContext, args: Any) -> None:
+    """Waits (asynchronously) for ``ctx.cancelled``, records ``saw-cancel``, returns."""
+    import asyncio
+
+    record(ctx, args.key, "started")
+    for _ in range(2500):
+        if ctx.cancelled:
+            record(ctx, args.key, "saw-cancel")
+            return
+        await asyncio.sleep(0.02)
