@@ -25,7 +25,7 @@ def schedule() -> None:
 @click.pass_context
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Each scheduled job: its cron, time zone, next run and last run."""
-    from atlantis.cli.tide import _connect, _dump
+    from atlantis.cli.common import _connect, _dump
 
     with _connect(ctx) as conn:
         found, now = list_schedules(conn)

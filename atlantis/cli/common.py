@@ -1,0 +1,147 @@
+"""What every ``tide`` command shares: the connection, one-line failures, JSON output."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, NoReturn, TypeVar
+
+import click
+import orjson
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from atlantis.store import admin
+from atlantis.store.database import (
+    ENV_URL,
+    DatabaseUrlError,
+    announce,
+    check_url,
+    describe_db_error,
+    redact,
+    resolve_url,
+)
+from atlantis.store.migrate import migrations
+from atlantis.units import parse_duration
+
+_Row = TypeVar("_Row")
+
+#: How often ``job logs --follow`` looks for new lines.
+FOLLOW_INTERVAL = 0.5
+#: How long ``job logs --follow`` keeps looking after the attempt ended: supervisors write
+#: output in batches (every 250 ms by default), so the last lines may land just after.
+FOLLOW_GRACE = 1.0
+
+_SCHEMA_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
+                  psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"tide: {message}", err=True)
+    sys.exit(code)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError
+
+
+def _dump(doc: Any) -> None:
+    click.echo(orjson.dumps(doc, default=_json_default, option=orjson.OPT_INDENT_2).decode())
+
+
+def _operator() -> str | None:
+    """Who runs tide (recorded as who cancelled, retried, paused); None: the database role."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
+
+
+@contextmanager
+def _connect(ctx: click.Context, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the database; any failure to reach it ends the command with one line.
+
+    A URL libpq cannot parse exits 2, a database that cannot be reached (or is lost while
+    the command runs) exits 1, and so does a schema that is missing or older than this
+    tide; no message quotes the URL's password.
+    """
+    explicit = ctx.find_root().obj["database_url"] or os.environ.get(ENV_URL)
+    try:
+        url = resolve_url(explicit)
+    except Exception as exc:
+        _fail(f"cannot start the embedded PostgreSQL: {exc}")
+    try:
+        check_url(url)
+    except DatabaseUrlError as exc:
+        _fail(str(exc), code=2)
+    try:
+        conn = psycopg.connect(url, autocommit=autocommit, application_name="tide")
+    except (psycopg.Error, OSError) as exc:
+        _fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
+    announce(url, embedded=not explicit)
+    with conn:
+        try:
+            yield conn
+        except _SCHEMA_ERRORS:
+            _fail(_schema_problem(conn))
+        except psycopg.OperationalError as exc:
+            _fail(f"lost the database: {describe_db_error(exc, url)}")
+        except psycopg.Error as exc:
+            _fail(f"database error: {describe_db_error(exc, url)}")
+
+
+def _schema_problem(conn: psycopg.Connection[Any]) -> str:
+    """What is wrong with the schema, after a statement found something missing."""
+    try:
+        if conn.info.transaction_status == TransactionStatus.INERROR:
+            conn.rollback()
+        version = admin.schema_version(conn)
+    except psycopg.Error:
+        return "the atlantis schema is missing; run `tide db migrate`"
+    latest = migrations()[-1][0]
+    if version is None:
+        return "the atlantis schema is missing; run `tide db migrate`"
+    if version < latest:
+        return (f"the atlantis schema is at version {version}, this tide needs {latest}; "
+                "run `tide db migrate`")
+    return "the atlantis schema lacks something this tide needs; run `tide db migrate`"
+
+
+def _get_job(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
+    row = admin.get_job(conn, job_id)
+    if row is None:
+        _fail(f"no job with id {job_id}")
+    return row
+
+
+def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
+    """A queue nothing names (no declaration, job, pause or supervisor) is a typo: say so."""
+    if queue is not None and not admin.queue_known(conn, queue):
+        _fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
+
+
+def _duration(option: str, text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+
+def _rows(ctx: click.Context, read: Callable[[psycopg.Connection[Any]], list[_Row]], *,
+          queue: str | None = None) -> list[_Row]:
+    """The rows of one listing; an unknown ``queue`` ends the command with exit 1."""
+    with _connect(ctx) as conn:
+        _check_queue(conn, queue)
+        return read(conn)
