@@ -27,7 +27,8 @@ TEST_APP = "tests.apps.basic:registry"
 #: Apps whose declarations every test database has synced (add yours here).
 SYNCED_APPS = [TEST_APP, "tests.apps.process:registry", "tests.apps.hostile:registry",
                "tests.apps.values:registry", "tests.apps.contain:registry",
-               "tests.apps.sched:registry", "tests.apps.ops:registry"]
+               "tests.apps.sched:registry", "tests.apps.ops:registry",
+               "tests.apps.console_app:registry"]
 TEMPLATE = "atl_template"
 _counter = itertools.count()
 

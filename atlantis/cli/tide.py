@@ -27,6 +27,7 @@ from atlantis.cli.common import (
     _operator,
     _rows,
 )
+from atlantis.cli.console import console
 from atlantis.cli.jobs import job
 from atlantis.cli.schedules import schedule
 from atlantis.cli.usage import OneLineGroup
@@ -195,3 +196,4 @@ def gen(source: Path, output: Path, check: bool) -> None:
 # ---- schedule ----------------------------------------------------------------------------
 
 main.add_command(schedule)
+main.add_command(console)

@@ -25,6 +25,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -225,7 +226,7 @@ class Broker:
                 continue
             ids = sorted(self._jobs)
             try:
-                lines = await self.db.run(lambda conn: store.logs_since(conn, ids, after))
+                lines = await self.db.run(partial(_logs_since, ids=ids, after=after))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -249,3 +250,8 @@ class Broker:
 def log_doc(line: store.ConsoleLogLine | admin.LogLine) -> dict[str, Any]:
     return {"id": line.id, "attempt": line.attempt, "at": line.at, "stream": line.stream,
             "line": line.line}
+
+
+def _logs_since(conn: psycopg.Connection[Any], *, ids: list[int],
+                after: int) -> list[store.ConsoleLogLine]:
+    return store.logs_since(conn, ids, after)

@@ -255,7 +255,8 @@ async def bulk(request: Request, who: Principal) -> Response:
     if form.get("confirm") != "yes":
         preview = await api.do_bulk(request, writer, {**body, "dry_run": True})
         return render(request, "confirm.html", who=who, preview=preview, scope=scope,
-                      body=body, body_json=_json(body))
+                      body=body, body_json=_json(body),
+                      filter_json=orjson.dumps(body.get("filter") or {}).decode())
     result = await api.do_bulk(request, writer, body)
     return render(request, "bulk_done.html", who=who, result=result)
 

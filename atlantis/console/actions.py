@@ -1,0 +1,173 @@
+"""The console's writes (retry, cancel, delete; one job or in bulk), audited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import psycopg
+from starlette.requests import Request
+from starlette.responses import Response
+
+from atlantis.console.auth import Principal
+from atlantis.console.common import (
+    BULK_LIMIT,
+    ApiError,
+    client_of,
+    db_of,
+    error,
+    job_filter,
+    settings_of,
+)
+from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
+from atlantis.store import admin
+from atlantis.store import console as store
+
+
+async def _audit(request: Request, who: Principal, action: str, target: str, outcome: str,
+                 detail: dict[str, Any] | None = None) -> None:
+    client = client_of(request)
+    await db_of(request).run(lambda conn: store.audit(
+        conn, action=action, target=target, outcome=outcome, client=client, label=who.label,
+        detail=detail))
+
+
+def _by(who: Principal) -> str:
+    return f"console:{who.label}"
+
+
+def handle(fn: Any) -> Any:
+    """Turn ApiError and database trouble into JSON errors."""
+
+    async def wrapper(request: Request) -> Response:
+        try:
+            response: Response = await fn(request)
+            return response
+        except ApiError as exc:
+            return error(exc.status, exc.message)
+        except JobNotFoundError as exc:
+            return error(404, str(exc))
+        except UniqueKeyTakenError as exc:
+            return error(409, str(exc))
+        except psycopg.OperationalError as exc:
+            return error(503, f"database unavailable: {type(exc).__name__}")
+        except psycopg.errors.UndefinedTable:
+            return error(503, "the atlantis schema is missing or old: run tide db migrate")
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+# -- actions, shared with the pages -------------------------------------------------------------
+
+async def do_action(request: Request, who: Principal, action: str, job_id: int) -> dict[str, Any]:
+    """Retry, cancel or delete one job, recorded in the audit table."""
+    db = db_of(request)
+    by = _by(who)
+
+    def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        row = admin.get_job(conn, job_id)
+        if row is None:
+            raise ApiError(404, f"no job with id {job_id}")
+        if action == "retry":
+            if not admin.retry_job(conn, job_id, by=by):
+                raise ApiError(409, f"job {job_id} is {row.state}: only dead or cancelled "
+                                    "jobs can be retried")
+            return {"id": job_id, "state": "available"}
+        if action == "cancel":
+            state = admin.cancel_job(conn, job_id, by=by)
+            if state is None:
+                raise ApiError(409, f"job {job_id} has finished ({row.state})")
+            return {"id": job_id, "state": state}
+        if not row.finished:
+            raise ApiError(409, f"job {job_id} is {row.state}: only finished jobs can be "
+                                "deleted")
+        store.delete_finished(conn, [job_id])
+        return {"id": job_id, "deleted": True}
+
+    try:
+        result = await db.run(run)
+    except ApiError as exc:
+        if exc.status == 409:
+            await _audit(request, who, action, str(job_id), f"refused: {exc.message}")
+        raise
+    except UniqueKeyTakenError as exc:
+        await _audit(request, who, action, str(job_id), f"refused: {exc}")
+        raise
+    await _audit(request, who, action, str(job_id),
+                 str(result.get("state", "deleted")))
+    return result
+
+
+async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any]) -> dict[str, Any]:
+    """A bulk action; ``who`` None means a dry run was asked for without the right to write
+    (allowed: it changes nothing)."""
+    action = body.get("action")
+    if action not in store.ACTION_STATES:
+        raise ApiError(400, "action: one of retry, cancel, delete")
+    dry_run = bool(body.get("dry_run", False))
+    states = store.ACTION_STATES[action]
+    hidden = settings_of(request).redact
+    ids_in = body.get("ids")
+    flt_in = body.get("filter")
+    if (ids_in is None) == (flt_in is None):
+        raise ApiError(400, "give either ids or filter")
+    if ids_in is not None:
+        if not isinstance(ids_in, list) or not all(isinstance(i, int) for i in ids_in):
+            raise ApiError(400, "ids: a list of integers")
+        if len(ids_in) > BULK_LIMIT:
+            raise ApiError(400, f"ids: at most {BULK_LIMIT}")
+        ids = list(ids_in)
+
+        def select(conn: psycopg.Connection[Any]) -> list[int]:
+            return store.ids_in_states(conn, ids, states)
+    else:
+        if not isinstance(flt_in, dict):
+            raise ApiError(400, "filter: an object with state, queue, job, args")
+        flt = job_filter({k: (orjson.dumps(v).decode() if k == "args" and isinstance(v, dict)
+                              else v) for k, v in flt_in.items()}, hidden)
+
+        def select(conn: psycopg.Connection[Any]) -> list[int]:
+            return store.matching_ids(conn, flt, states, limit=BULK_LIMIT)
+
+    db = db_of(request)
+    chosen = await db.run(select)
+    doc: dict[str, Any] = {"action": action, "dry_run": dry_run, "count": len(chosen),
+                           "limit": BULK_LIMIT}
+    if dry_run:
+        return doc
+    if who is None:
+        raise ApiError(403, "writes need Authorization: Bearer TOKEN")
+    by = _by(who)
+
+    def act(conn: psycopg.Connection[Any]) -> tuple[int, list[dict[str, Any]]]:
+        done = 0
+        skipped: list[dict[str, Any]] = []
+        if action == "delete":
+            return store.delete_finished(conn, chosen), skipped
+        for job_id in chosen:
+            try:
+                if action == "retry":
+                    ok = admin.retry_job(conn, job_id, by=by)
+                else:
+                    ok = admin.cancel_job(conn, job_id, by=by) is not None
+            except (UniqueKeyTakenError, JobNotFoundError) as exc:
+                skipped.append({"id": job_id, "reason": str(exc)})
+                continue
+            if ok:
+                done += 1
+            else:
+                skipped.append({"id": job_id, "reason": "changed state meanwhile"})
+        return done, skipped
+
+    done, skipped = await db.run(act)
+    doc["done"] = done
+    doc["skipped"] = skipped[:100]
+    await _audit(request, who, f"bulk-{action}",
+                 f"{len(chosen)} jobs" + (" by filter" if flt_in is not None else ""),
+                 f"{done} done, {len(skipped)} skipped",
+                 {"filter": flt_in, "ids": chosen[:1000]})
+    return doc
+
+

@@ -1,0 +1,160 @@
+"""What the console's endpoints share: JSON errors, parameters, who is asking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from atlantis.console.auth import CSRF_HEADER, Principal, csrf_ok, identify
+from atlantis.console.data import Database, dumps
+from atlantis.console.events import Broker
+from atlantis.console.settings import Settings
+from atlantis.store import admin
+from atlantis.store import console as store
+
+#: The most jobs one bulk action "by filter" touches.
+BULK_LIMIT = 10_000
+#: The most jobs a page lists.
+PAGE_LIMIT = 500
+#: How long an event stream may stay silent before a comment keeps it open.
+KEEPALIVE = 15.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def json(doc: Any, status: int = 200) -> Response:
+    return Response(dumps(doc), status_code=status, media_type="application/json")
+
+
+def error(status: int, message: str) -> Response:
+    return json({"error": message}, status)
+
+
+def settings_of(request: Request) -> Settings:
+    value: Settings = request.app.state.settings
+    return value
+
+
+def db_of(request: Request) -> Database:
+    value: Database = request.app.state.db
+    return value
+
+
+def broker_of(request: Request) -> Broker:
+    value: Broker = request.app.state.broker
+    return value
+
+
+def client_of(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+# -- parameters -----------------------------------------------------------------------------
+
+def parse_args_filter(raw: str | None, hidden: frozenset[str]) -> dict[str, Any] | None:
+    """``account_id:acme,region:eu`` or a JSON object: what the args must contain.
+
+    A value that reads as JSON (``5``, ``true``, ``"5"``, ``{...}``) is taken as such,
+    anything else as a string. Keys hidden by ``--args-redact`` cannot be filtered on.
+    """
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    found: Any
+    if raw.startswith("{"):
+        try:
+            found = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ApiError(400, "args: not a JSON object") from None
+        if not isinstance(found, dict):
+            raise ApiError(400, "args: not a JSON object")
+    else:
+        found = {}
+        for part in raw.split(","):
+            key, sep, value = part.partition(":")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise ApiError(400, "args: expected key:value[,key:value...] or a JSON object")
+            try:
+                found[key] = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                found[key] = value
+    if hidden and any(k in hidden for k in _keys(found)):
+        raise ApiError(400, "args: a redacted key cannot be filtered on")
+    return dict(found)
+
+
+def _keys(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [*value.keys(), *(k for v in value.values() for k in _keys(v))]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys(v)]
+    return []
+
+
+def _int(raw: str | None, name: str, *, default: int | None = None,
+         low: int | None = None, high: int | None = None) -> int | None:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name}: not an integer") from None
+    if low is not None and value < low:
+        raise ApiError(400, f"{name}: at least {low}")
+    if high is not None and value > high:
+        value = high
+    return value
+
+
+def job_filter(params: Any, hidden: frozenset[str]) -> store.JobFilter:
+    state = params.get("state") or None
+    if state is not None and state not in admin.STATES:
+        raise ApiError(400, f"state: one of {', '.join(admin.STATES)}")
+    return store.JobFilter(state=state, queue=params.get("queue") or None,
+                           job=params.get("job") or None,
+                           args=parse_args_filter(params.get("args"), hidden))
+
+
+def _job_id(request: Request) -> int:
+    raw = request.path_params["job_id"]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(404, f"no job with id {raw}") from None
+
+
+# -- access -----------------------------------------------------------------------------------
+
+def require_read(request: Request) -> Principal:
+    settings = settings_of(request)
+    who = identify(request, settings)
+    if who.bad_credentials:
+        raise ApiError(401, "wrong token")
+    if settings.private and not who.authenticated:
+        raise ApiError(401, "this console is private: send Authorization: Bearer TOKEN")
+    return who
+
+
+def require_write(request: Request, csrf: str | None = None) -> Principal:
+    settings = settings_of(request)
+    if settings.token is None:
+        raise ApiError(403, "read-only console: ATLANTIS_CONSOLE_TOKEN is not set")
+    who = identify(request, settings)
+    if who.bad_credentials:
+        raise ApiError(401, "wrong token")
+    if not who.authenticated:
+        raise ApiError(403, "writes need Authorization: Bearer TOKEN")
+    if not csrf_ok(who, csrf if csrf is not None else request.headers.get(CSRF_HEADER)):
+        raise ApiError(403, "missing or wrong CSRF token")
+    return who
+
+

@@ -1,0 +1,215 @@
+// atlantis console: live updates in plain JavaScript, no build step.
+// Handler-controlled text is only ever set through textContent, never as HTML.
+(function () {
+  "use strict";
+  var paused = false;
+  var statusEl, pauseBtn;
+  var POLL_MS = 5000;
+  var MIN_REFRESH_MS = 250;
+
+  function setStatus(text, cls) {
+    if (!statusEl) return;
+    statusEl.textContent = text;
+    statusEl.className = "live " + (cls || "");
+  }
+
+  function duration(s) {
+    s = Math.max(0, Math.round(s));
+    if (s < 60) return s + "s";
+    var m = Math.floor(s / 60), sec = s % 60;
+    if (m < 60) return m + "m" + (sec ? sec + "s" : "");
+    var h = Math.floor(m / 60), min = m % 60;
+    if (h < 24) return h + "h" + (min ? min + "m" : "");
+    var d = Math.floor(h / 24);
+    return d + "d" + (h % 24 ? (h % 24) + "h" : "");
+  }
+
+  function sparkPoints(values, width, height, top) {
+    if (!values.length) return "";
+    var peak = top || Math.max.apply(null, values.concat([1]));
+    var step = width / Math.max(values.length - 1, 1);
+    var pts = values.map(function (v, i) {
+      var y = height - (Math.min(v, peak) / peak) * (height - 2) - 1;
+      return (i * step).toFixed(1) + "," + y.toFixed(1);
+    });
+    if (pts.length === 1) pts.push(width.toFixed(1) + "," + pts[0].split(",")[1]);
+    return pts.join(" ");
+  }
+
+  // Confirmations on forms (no inline handlers: the CSP forbids them).
+  document.addEventListener("submit", function (ev) {
+    var form = ev.target;
+    var question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) ev.preventDefault();
+  });
+
+  // ---- list pages: refresh #live on "refresh" events, debounced --------------------------
+  function listPage() {
+    var busy = false, again = false, last = 0, timer = null, source = null, poller = null;
+
+    function refresh() {
+      if (paused) return;
+      var wait = MIN_REFRESH_MS - (Date.now() - last);
+      if (busy || wait > 0) {
+        again = true;
+        if (!busy && !timer) timer = setTimeout(function () { timer = null; refresh(); }, wait);
+        return;
+      }
+      busy = true; again = false; last = Date.now();
+      fetch(window.location.href, {credentials: "same-origin", headers: {"X-Requested-With": "console"}})
+        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (html) {
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var fresh = doc.getElementById("live"), current = document.getElementById("live");
+          if (!fresh || !current) return;
+          var checked = {};
+          current.querySelectorAll("input[type=checkbox][name=ids]:checked").forEach(function (c) { checked[c.value] = true; });
+          current.replaceWith(fresh);
+          fresh.querySelectorAll("input[type=checkbox][name=ids]").forEach(function (c) { if (checked[c.value]) c.checked = true; });
+        })
+        .catch(function () {})
+        .then(function () { busy = false; if (again) refresh(); });
+    }
+
+    function startPolling() {
+      if (!poller) poller = setInterval(refresh, POLL_MS);
+      setStatus("polling", "polling");
+    }
+    function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
+
+    if (window.EventSource) {
+      source = new EventSource("/api/events");
+      source.addEventListener("open", function () { stopPolling(); setStatus("live", "on"); });
+      source.addEventListener("refresh", refresh);
+      source.addEventListener("error", startPolling);
+    } else {
+      startPolling();
+    }
+    return refresh;
+  }
+
+  // ---- the job page: its row and its log, streamed ---------------------------------------
+  function jobPage(main) {
+    var id = main.getAttribute("data-job-id");
+    var logEl = document.getElementById("log");
+    var lastLogId = 0, lastAttempt = null, poller = null, source = null, pending = [];
+    var attemptEl = document.getElementById("log-attempt");
+    if (attemptEl) lastAttempt = parseInt(attemptEl.textContent, 10);
+    if (logEl) logEl.querySelectorAll(".line").forEach(function (l) {
+      lastLogId = Math.max(lastLogId, parseInt(l.getAttribute("data-id"), 10) || 0);
+    });
+    var ticking = {};
+
+    function text(elId, value) {
+      var el = document.getElementById(elId);
+      if (el) el.textContent = value;
+    }
+    function tick(elId, seconds, grow) {
+      var el = document.getElementById(elId);
+      if (!el) return;
+      ticking[elId] = seconds === null || seconds === undefined ? null : {at: Date.now(), s: seconds, grow: grow};
+      render(elId);
+    }
+    function render(elId) {
+      var el = document.getElementById(elId), t = ticking[elId];
+      if (!el) return;
+      if (!t) { el.textContent = "-"; return; }
+      var s = t.s + (t.grow ? 1 : -1) * (Date.now() - t.at) / 1000;
+      el.textContent = t.grow ? duration(s) + " ago" : (s > 0 ? "in " + duration(s) : "expired " + duration(-s) + " ago");
+    }
+    setInterval(function () { Object.keys(ticking).forEach(render); }, 1000);
+
+    function applyJob(job) {
+      if (paused) { pending.push(["job", job]); return; }
+      var state = document.getElementById("state");
+      if (state) { state.textContent = job.state; state.className = "badge state-" + job.state; }
+      var bar = document.getElementById("progress");
+      if (bar) bar.value = job.progress_pct === null ? 0 : job.progress_pct;
+      text("pct", job.progress_pct === null ? "no checkpoint yet" : job.progress_pct + "%");
+      text("message", job.progress_msg || "");
+      text("rate", job.rate === null ? "-" : job.rate.toFixed(1) + " %/min");
+      text("eta", job.eta_seconds === null ? "-" : duration(job.eta_seconds));
+      document.querySelectorAll("[data-field=attempt]").forEach(function (el) { el.textContent = job.attempt; });
+      var stalled = document.getElementById("stalled");
+      if (stalled) stalled.hidden = !job.stalled;
+      var cr = document.getElementById("cancel-requested");
+      if (cr) cr.hidden = !(job.cancel_requested_at && job.state === "running");
+      text("holder", job.holder ? job.holder.host + " pid " + (job.holder.pid === null ? "?" : job.holder.pid) : "-");
+      tick("lease", job.lease_expires_in, false);
+      tick("since-checkpoint", job.since_checkpoint, true);
+      tick("since-renewal", job.since_renewal, true);
+      var spark = document.getElementById("spark");
+      if (spark) {
+        var values = (job.progress_history || []).map(function (h) { return Number(h.pct) || 0; });
+        spark.setAttribute("points", sparkPoints(values, 240, 32, 100));
+      }
+      var fin = document.getElementById("finished");
+      if (fin) fin.hidden = !job.finished_at;
+      document.querySelectorAll("form.act[data-states]").forEach(function (f) {
+        f.hidden = f.getAttribute("data-states").split(" ").indexOf(job.state) < 0;
+      });
+    }
+
+    function applyLog(lines) {
+      if (paused) { pending.push(["log", lines]); return; }
+      if (!logEl) return;
+      lines.forEach(function (l) {
+        if (l.id <= lastLogId) return;
+        if (lastAttempt !== null && l.attempt !== lastAttempt) {
+          var sep = document.createElement("span");
+          sep.className = "line sep";
+          sep.textContent = "--- attempt " + l.attempt + " ---\n";
+          logEl.appendChild(sep);
+        }
+        lastAttempt = l.attempt;
+        if (attemptEl) attemptEl.textContent = l.attempt;
+        lastLogId = l.id;
+        var span = document.createElement("span");
+        span.className = "line " + (l.stream === "stderr" ? "stderr" : "stdout");
+        span.setAttribute("data-id", l.id);
+        span.textContent = l.line + "\n";
+        logEl.appendChild(span);
+      });
+      var empty = document.getElementById("log-empty");
+      if (empty && logEl.childNodes.length) empty.hidden = true;
+      logEl.scrollTop = logEl.scrollHeight;
+    }
+
+    function poll() {
+      if (paused) return;
+      fetch("/api/jobs/" + id, {credentials: "same-origin"}).then(function (r) { return r.json(); }).then(applyJob).catch(function () {});
+      fetch("/api/jobs/" + id + "/logs?after=" + lastLogId + (lastAttempt ? "&attempt=" + lastAttempt : ""), {credentials: "same-origin"})
+        .then(function (r) { return r.json(); }).then(function (d) { applyLog(d.lines || []); }).catch(function () {});
+    }
+    function startPolling() { if (!poller) poller = setInterval(poll, POLL_MS); setStatus("polling", "polling"); }
+    function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
+
+    if (window.EventSource) {
+      source = new EventSource("/api/jobs/" + id + "/stream");
+      source.addEventListener("open", function () { stopPolling(); setStatus("live", "on"); });
+      source.addEventListener("job", function (ev) { applyJob(JSON.parse(ev.data)); });
+      source.addEventListener("log", function (ev) { applyLog(JSON.parse(ev.data)); });
+      source.addEventListener("error", startPolling);
+    } else {
+      startPolling();
+    }
+    return function flush() {
+      var queued = pending; pending = [];
+      queued.forEach(function (p) { if (p[0] === "job") applyJob(p[1]); else applyLog(p[1]); });
+    };
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    statusEl = document.getElementById("live-status");
+    pauseBtn = document.getElementById("pause-toggle");
+    var main = document.querySelector("main[data-live]");
+    if (!main) { if (statusEl) statusEl.hidden = true; if (pauseBtn) pauseBtn.hidden = true; return; }
+    var resume = main.getAttribute("data-live") === "job" ? jobPage(main) : listPage();
+    if (pauseBtn) pauseBtn.addEventListener("click", function () {
+      paused = !paused;
+      pauseBtn.textContent = paused ? "Resume updates" : "Pause updates";
+      setStatus(paused ? "paused" : "live", paused ? "paused" : "on");
+      if (!paused) resume();
+    });
+  });
+})();

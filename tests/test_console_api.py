@@ -1,0 +1,365 @@
+"""The console's JSON API and pages, without a browser: Starlette's TestClient on the app,
+and a real ``python -m atlantis.console`` on 127.0.0.1 for the event streams. Real
+PostgreSQL, real supervisors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+import warnings
+
+import httpx
+
+with warnings.catch_warnings():  # newer Starlette prefers the httpx2 fork; httpx works
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+import atlantis
+from atlantis.console.app import create_app
+from atlantis.console.settings import Settings, Token
+from tests.conftest import ROOT, wait_for, wait_state
+
+APP = "tests.apps.console_app:registry"
+SECRET = "s3cret-token"
+BEARER = {"Authorization": f"Bearer {SECRET}"}
+
+Client = Callable[..., TestClient]
+
+
+@pytest.fixture
+def client(db_url: str) -> Iterator[Client]:
+    opened: list[TestClient] = []
+
+    def make(*, token: bool = False, private: bool = False,
+             redact: tuple[str, ...] = ()) -> TestClient:
+        settings = Settings(db_url, token=Token("ops-team", SECRET) if token else None,
+                            private=private, redact=frozenset(redact), poll_interval=0.5,
+                            log_interval=0.2, debounce=0.05)
+        tc = TestClient(create_app(settings), base_url="http://127.0.0.1")
+        tc.__enter__()
+        opened.append(tc)
+        return tc
+
+    yield make
+    for tc in opened:
+        tc.__exit__(None, None, None)
+
+
+def enqueue(conn: psycopg.Connection[Any], name: str, **args: Any) -> int:
+    return atlantis.enqueue(conn, name, args)
+
+
+def test_read_only_without_token(db: psycopg.Connection[Any], client: Client) -> None:
+    job_id = enqueue(db, "console.Import", account_id="acme")
+    c = client()
+    r = c.get("/api/jobs")
+    assert r.status_code == 200
+    assert [j["id"] for j in r.json()["jobs"]] == [job_id]
+    assert c.post(f"/api/jobs/{job_id}/cancel").status_code == 403
+    assert c.post(f"/api/jobs/{job_id}/cancel", headers=BEARER).status_code == 403
+    assert c.delete(f"/api/jobs/{job_id}").status_code == 403
+    assert c.post("/api/queues/console/pause").status_code == 403
+    page = c.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert "data-action" not in page.text  # no write button at all
+    assert wait_state(db, job_id, "available")["state"] == "available"
+    assert r.headers["content-type"].startswith("application/json")
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_writes_with_bearer_token_are_audited(db: psycopg.Connection[Any], client: Client) -> None:
+    job_id = enqueue(db, "console.Import", account_id="acme")
+    c = client(token=True)
+    assert c.post(f"/api/jobs/{job_id}/cancel").status_code == 403
+    bad = c.post(f"/api/jobs/{job_id}/cancel", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401 and "error" in bad.json()
+    r = c.post(f"/api/jobs/{job_id}/cancel", headers=BEARER)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": job_id, "state": "cancelled"}
+    assert c.post(f"/api/jobs/{job_id}/cancel", headers=BEARER).status_code == 409
+    r = c.post(f"/api/jobs/{job_id}/retry", headers=BEARER)
+    assert r.json() == {"id": job_id, "state": "available"}
+    assert c.delete(f"/api/jobs/{job_id}", headers=BEARER).status_code == 409
+    assert c.post("/api/queues/console/pause", headers=BEARER,
+                  json={"reason": "upstream down"}).json() == {
+        "queue": "console", "paused": True, "changed": True}
+    queues = {q["queue"]: q for q in c.get("/api/queues").json()["queues"]}
+    assert queues["console"]["paused"] and queues["console"]["paused_reason"] == "upstream down"
+    assert len(queues["console"]["per_minute"]) == 60
+    assert c.post("/api/queues/console/resume", headers=BEARER).json()["changed"] is True
+    rows = db.execute("SELECT action, target, label, client, outcome FROM atlantis.console_audit "
+                      "ORDER BY id").fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("cancel", str(job_id), "ops-team"), ("cancel", str(job_id), "ops-team"),
+        ("retry", str(job_id), "ops-team"), ("delete", str(job_id), "ops-team"),
+        ("pause", "console", "ops-team"), ("resume", "console", "ops-team")]
+    assert rows[0][4] == "cancelled" and rows[1][4].startswith("refused")
+    assert all(r[3] for r in rows)
+    by = db.execute("SELECT retried_by FROM atlantis.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert by == ("console:ops-team",)
+
+
+def test_errors_are_json(db: psycopg.Connection[Any], client: Client) -> None:
+    c = client(token=True)
+    for r in (c.get("/api/jobs/999999"), c.get("/api/jobs/999999/logs"),
+              c.post("/api/jobs/999999/cancel", headers=BEARER), c.get("/api/nothing")):
+        assert r.status_code == 404 and "error" in r.json()
+    assert c.get("/api/jobs?state=bogus").status_code == 400
+    assert c.get("/api/jobs?args=nocolon").status_code == 400
+    assert c.get("/jobs/999999").status_code == 404
+
+
+def test_filters_and_keyset_paging(db: psycopg.Connection[Any], client: Client) -> None:
+    ids = [enqueue(db, "console.Import", account_id=f"a{i % 3}", steps=i + 1) for i in range(9)]
+    c = client()
+    got = c.get("/api/jobs?args=account_id:a1").json()["jobs"]
+    assert [j["id"] for j in got] == [ids[7], ids[4], ids[1]]
+    got = c.get('/api/jobs', params={"args": '{"account_id": "a2", "steps": 9}'}).json()["jobs"]
+    assert [j["id"] for j in got] == [ids[8]]
+    assert c.get("/api/jobs?args=steps:3").json()["jobs"][0]["id"] == ids[2]
+    assert c.get("/api/jobs?job=console.Quick").json()["jobs"] == []
+    assert len(c.get("/api/jobs?queue=console&state=available").json()["jobs"]) == 9
+    seen: list[int] = []
+    url = "/api/jobs?limit=4"
+    while True:
+        page = c.get(url).json()
+        seen += [j["id"] for j in page["jobs"]]
+        if page["next_before"] is None:
+            break
+        url = f"/api/jobs?limit=4&before={page['next_before']}"
+    assert seen == sorted(ids, reverse=True)
+    html = c.get("/jobs?args=account_id:a1").text
+    assert f'href="/jobs/{ids[7]}"' in html and f'href="/jobs/{ids[0]}"' not in html
+
+
+def test_bulk_dry_run_then_act(db: psycopg.Connection[Any], client: Client) -> None:
+    ids = [enqueue(db, "console.Import", account_id="bulk") for _ in range(3)]
+    other = enqueue(db, "console.Import", account_id="keep")
+    c = client(token=True)
+    body = {"action": "cancel", "filter": {"args": {"account_id": "bulk"}}, "dry_run": True}
+    r = c.post("/api/jobs/bulk", json=body)  # a dry run changes nothing: no token needed
+    assert r.status_code == 200 and r.json()["count"] == 3 and r.json()["dry_run"] is True
+    assert c.post("/api/jobs/bulk", json={**body, "dry_run": False}).status_code == 403
+    r = c.post("/api/jobs/bulk", json={**body, "dry_run": False}, headers=BEARER)
+    assert r.json()["done"] == 3
+    states = dict(db.execute("SELECT id, state FROM atlantis.jobs").fetchall())
+    assert [states[i] for i in ids] == ["cancelled"] * 3 and states[other] == "available"
+    r = c.post("/api/jobs/bulk", headers=BEARER,
+               json={"action": "delete", "ids": [*ids, other], "dry_run": True})
+    assert r.json()["count"] == 3
+    r = c.post("/api/jobs/bulk", headers=BEARER, json={"action": "delete", "ids": [*ids, other]})
+    assert r.json()["done"] == 3
+    assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (1,)
+    audit = db.execute("SELECT action, outcome FROM atlantis.console_audit ORDER BY id").fetchall()
+    assert audit == [("bulk-cancel", "3 done, 0 skipped"), ("bulk-delete", "3 done, 0 skipped")]
+    assert c.post("/api/jobs/bulk", json={"action": "explode", "ids": []},
+                  headers=BEARER).status_code == 400
+
+
+def test_private_login_cookie_and_csrf(db: psycopg.Connection[Any], client: Client) -> None:
+    job_id = enqueue(db, "console.Import", account_id="acme")
+    c = client(token=True, private=True)
+    assert c.get("/api/jobs").status_code == 401
+    assert c.get(f"/api/jobs/{job_id}/stream").status_code == 401
+    r = c.get("/jobs", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/login")
+    assert c.get("/api/jobs", headers=BEARER).status_code == 200
+    assert c.post("/login", data={"token": "wrong", "next": "/jobs"}).status_code == 403
+    r = c.post("/login", data={"token": SECRET, "next": "/jobs"}, follow_redirects=False)
+    assert r.status_code == 303
+    cookie = r.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    page = c.get(f"/jobs/{job_id}")
+    assert page.status_code == 200 and 'data-action="cancel"' in page.text
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
+    assert csrf is not None
+    # The cookie alone is not enough: a write needs the session's CSRF token too.
+    assert c.post(f"/jobs/{job_id}/cancel", data={}).status_code == 403
+    assert c.post(f"/api/jobs/{job_id}/cancel").status_code == 403
+    r = c.post(f"/jobs/{job_id}/cancel", data={"csrf": csrf.group(1)}, follow_redirects=False)
+    assert r.status_code == 303
+    assert wait_state(db, job_id, "cancelled")["cancelled_by"] == "console:ops-team"
+
+
+def test_args_redact_and_escaping(db: psycopg.Connection[Any], client: Client,
+                                  supervise: Callable[..., Any]) -> None:
+    job_id = enqueue(db, "console.Import", account_id="acme", secret="hunter2",
+                     message="<script>alert(1)</script>", steps=400)
+    supervise(queues=("console",), app=APP)
+    c = client(redact=("secret",))
+    wait_for(lambda: (c.get(f"/api/jobs/{job_id}").json().get("progress_pct") or 0) > 0,
+             message="a checkpoint")
+    doc = c.get(f"/api/jobs/{job_id}").json()
+    assert doc["args"]["secret"] == "[redacted]" and doc["args"]["account_id"] == "acme"
+    assert doc["progress_msg"].startswith("<script>")
+    assert {"rate", "eta_seconds", "stalled", "holder", "lease_expires_in"} <= set(doc)
+    page = c.get(f"/jobs/{job_id}").text
+    assert "hunter2" not in page and "hunter2" not in c.get("/api/jobs").text
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert" not in c.get("/jobs").text
+    assert c.get("/api/jobs?args=secret:hunter2").status_code == 400
+    logs = c.get(f"/api/jobs/{job_id}/logs")
+    wait_for(lambda: c.get(f"/api/jobs/{job_id}/logs").json()["lines"], message="a log line")
+    logs = c.get(f"/api/jobs/{job_id}/logs").json()
+    assert logs["lines"][0]["line"].startswith("account acme: imported page")
+    more = c.get(f"/api/jobs/{job_id}/logs?after={logs['next_after']}").json()
+    assert all(ln["id"] > logs["next_after"] for ln in more["lines"])
+
+
+def test_dead_letters_grouped_by_fingerprint(db: psycopg.Connection[Any], client: Client,
+                                             supervise: Callable[..., Any]) -> None:
+    ids = [enqueue(db, "console.Fail", account_id=f"a{i}", message="upstream said 502\nmore")
+           for i in range(3)]
+    ids.append(enqueue(db, "console.Fail", account_id="z", message="bad row 7"))
+    supervise(queues=("console",), app=APP)
+    for i in ids:
+        wait_state(db, i, "dead")
+    c = client()
+    groups = c.get("/api/dlq").json()["groups"]
+    assert [(g["count"], g["kind"], g["first_line"]) for g in groups] == [
+        (3, "exception", "RuntimeError: upstream said 502"), (1, "exception",
+                                                              "RuntimeError: bad row 7")]
+    assert "upstream said 502" in c.get("/dlq").text
+
+
+def test_workers_schedules_and_pages_render(db: psycopg.Connection[Any], client: Client,
+                                            supervise: Callable[..., Any]) -> None:
+    job_id = enqueue(db, "console.Import", account_id="w", steps=2000)
+    supervise(queues=("console",), app=APP)
+    wait_state(db, job_id, "running")
+    c = client()
+    workers = wait_for(lambda: c.get("/api/workers").json()["workers"], message="a worker")
+    assert "console" in workers[0]["queues"] and "memory" in workers[0]
+    assert "schedules" in c.get("/api/schedules").json()
+    for path in ("/", "/jobs", "/dlq", "/queues", "/workers", "/schedules", "/audit",
+                 f"/jobs/{job_id}", "/login"):
+        assert c.get(path).status_code == 200, path
+
+
+# -- a real server: event streams ---------------------------------------------------------------
+
+class Console:
+    def __init__(self, db_url: str, log: Path, *args: str, env: dict[str, str] | None = None):
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "atlantis.console", "--database-url", db_url,
+             "--host", "127.0.0.1", "--port", "0", *args],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})})
+        found = wait_for(lambda: re.search(r"on (http://127\.0\.0\.1:\d+)/", self.log()),
+                         message="the console to listen")
+        self.url: str = found.group(1)
+
+    def log(self) -> str:
+        return self.log_path.read_text("utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def console_server(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Console]]:
+    started: list[Console] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Console:
+        con = Console(db_url, tmp_path / f"console-{len(started)}.log", *args, env=env)
+        started.append(con)
+        return con
+
+    yield start
+    for con in started:
+        con.stop()
+
+
+def read_events(response: httpx.Response, want: Callable[[list[tuple[str, Any]]], bool]
+                ) -> list[tuple[str, Any]]:
+    import json
+
+    seen: list[tuple[str, Any]] = []
+    name = None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and name:
+            seen.append((name, json.loads(line[6:])))
+            name = None
+            if want(seen):
+                return seen
+    return seen
+
+
+def test_stream_sends_progress_and_log_lines(db: psycopg.Connection[Any],
+                                             supervise: Callable[..., Any],
+                                             console_server: Callable[..., Console]) -> None:
+    job_id = enqueue(db, "console.Import", account_id="live", steps=400)
+    con = console_server()
+    supervise(queues=("console",), app=APP)
+    wait_state(db, job_id, "running")
+
+    def moved(seen: list[tuple[str, Any]]) -> bool:
+        pcts = {d["progress_pct"] for n, d in seen if n == "job" and d["progress_pct"]}
+        logs = [d for n, d in seen if n == "log"]
+        return len(pcts) >= 3 and len(logs) >= 2
+
+    with httpx.Client(base_url=con.url, timeout=httpx.Timeout(60.0)) as http, \
+            http.stream("GET", f"/api/jobs/{job_id}/stream") as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        seen = read_events(r, moved)
+    assert moved(seen)
+    job_docs = [d for n, d in seen if n == "job"]
+    assert job_docs[0]["id"] == job_id and "eta_seconds" in job_docs[0]
+    lines = [ln for n, d in seen if n == "log" for ln in d]
+    assert all("imported page" in ln["line"] for ln in lines)
+    assert [ln["id"] for ln in lines] == sorted({ln["id"] for ln in lines})
+
+
+def test_list_pages_hear_refreshes(db: psycopg.Connection[Any],
+                                   console_server: Callable[..., Console]) -> None:
+    con = console_server()
+    with httpx.Client(base_url=con.url, timeout=httpx.Timeout(60.0)) as http, \
+            http.stream("GET", "/api/events") as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(lines).startswith("retry:")
+        enqueue(db, "console.Quick", account_id="x")
+        for line in lines:
+            if line == "event: refresh":
+                break
+
+
+def test_console_refuses_foreign_host_headers(console_server: Callable[..., Console]) -> None:
+    con = console_server()
+    assert httpx.get(con.url + "/api/jobs").status_code == 200
+    assert httpx.get(con.url + "/api/jobs", headers={"Host": "evil.example"}).status_code == 400
+
+
+def test_without_the_extra_it_says_how_to_install() -> None:
+    code = ("import sys; sys.modules['uvicorn'] = None\n"
+            "from atlantis.cli.console import console\n"
+            "console(['--port', '0'], prog_name='tide console')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 2
+    assert "pip install 'atlantis-jobs[console]'" in r.stderr

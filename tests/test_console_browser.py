@@ -1,0 +1,141 @@
+"""The console in a real browser: Debian's Chromium driven by selenium, against a real
+supervisor running a long job and a real console process on 127.0.0.1.
+
+Skips, saying why, when selenium, /usr/bin/chromium or /usr/bin/chromedriver is missing
+(``scripts/test`` tries ``apt-get install chromium chromium-driver`` first). Set
+``ATLANTIS_CONSOLE_SCREENSHOTS=docs`` to refresh the screenshots under ``docs/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+pytest.importorskip("starlette", reason="the console extra is not installed")
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+    pytest.skip(f"Chromium is not installed ({CHROMIUM}, {CHROMEDRIVER}): "
+                "apt-get install chromium chromium-driver", allow_module_level=True)
+
+import httpx  # noqa: E402
+from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+
+import atlantis  # noqa: E402
+from tests.conftest import ROOT, wait_for, wait_state  # noqa: E402
+from tests.test_console_api import APP, Console, console_server  # noqa: E402, F401
+
+SECRET = "browser-secret"
+HOSTILE = "<script>window.__pwned = 1</script>"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    profile = tempfile.mkdtemp(prefix="atl-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}", "--window-size=1360,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def shot(driver: Any, tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    driver.save_screenshot(str(path))
+    target = os.environ.get("ATLANTIS_CONSOLE_SCREENSHOTS")
+    if target:
+        dest = Path(target) if Path(target).is_absolute() else ROOT / target
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, dest / name)
+
+
+def value(driver: Any, css: str, attr: str = "value") -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).get_attribute(attr) or "")
+
+
+def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path: Path,
+                                           supervise: Callable[..., Any],
+                                           console_server: Callable[..., Console],  # noqa: F811
+                                           browser: Any) -> None:
+    for msg in ("upstream said 502", "upstream said 502", "row 17 is malformed"):
+        atlantis.enqueue(db, "console.Fail", {"account_id": "acme", "message": msg})
+    for _ in range(3):
+        atlantis.enqueue(db, "console.Quick", {"account_id": "acme"})
+    job_id = atlantis.enqueue(db, "console.Import",
+                              {"account_id": "acme", "steps": 400, "message": HOSTILE})
+    supervise(queues=("console",), app=APP, concurrency=2)
+    con = console_server(env={"ATLANTIS_CONSOLE_TOKEN": f"ops:{SECRET}"})
+    wait_state(db, job_id, "running")
+
+    # Anonymous: the page updates itself, shows handler text as text, offers no write.
+    browser.get(f"{con.url}/jobs/{job_id}")
+    browser.execute_script("window.__marker = 'same page';")
+    assert browser.find_elements(By.CSS_SELECTOR, "button[data-action]") == []
+    start = float(value(browser, "#progress") or 0)
+    wait_for(lambda: float(value(browser, "#progress") or 0) >= start + 2, timeout=60,
+             message="the progress bar to move")
+    lines = len(browser.find_elements(By.CSS_SELECTOR, "#log .line"))
+    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#log .line")) > lines,
+             timeout=60, message="a new log line")
+    assert "imported page" in browser.find_elements(By.CSS_SELECTOR, "#log .line")[-1].text
+    assert browser.execute_script("return window.__marker") == "same page"  # no reload
+    assert browser.find_element(By.ID, "message").text.startswith(HOSTILE)
+    assert browser.execute_script("return window.__pwned") is None
+    forbidden = httpx.post(f"{con.url}/api/jobs/{job_id}/cancel")
+    assert forbidden.status_code == 403 and "error" in forbidden.json()
+    shot(browser, tmp_path, "console-job.png")
+
+    browser.get(f"{con.url}/")
+    wait_for(lambda: "console" in browser.find_element(By.ID, "live").text,
+             message="the overview")
+    shot(browser, tmp_path, "console-overview.png")
+    browser.get(f"{con.url}/dlq")
+    wait_for(lambda: "upstream said 502" in browser.find_element(By.ID, "live").text,
+             message="the dead-letter page")
+    shot(browser, tmp_path, "console-dlq.png")
+
+    # With the token: sign in, press cancel, see the job end cancelled.
+    browser.get(f"{con.url}/login?next=/jobs/{job_id}")
+    browser.find_element(By.NAME, "token").send_keys(SECRET)
+    browser.find_element(By.ID, "login-submit").click()
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button[data-action=cancel]"),
+             message="the cancel button")
+    browser.execute_script("window.__marker = 'after login';")
+    browser.find_element(By.CSS_SELECTOR, "button[data-action=cancel]").click()
+
+    def accept() -> bool:
+        try:
+            browser.switch_to.alert.accept()
+            return True
+        except NoAlertPresentException:
+            return False
+
+    wait_for(accept, message="the confirmation")
+    wait_for(lambda: browser.find_elements(By.ID, "state"),
+             message=f"the job page after cancel, not {browser.page_source[:2000]}")
+    wait_for(lambda: browser.find_element(By.ID, "state").text == "cancelled", timeout=60,
+             message="the page to show the job cancelled")
+    assert wait_state(db, job_id, "cancelled")["cancelled_by"] == "console:ops"
+    audit = db.execute("SELECT action, target, label FROM atlantis.console_audit").fetchall()
+    assert audit == [("cancel", str(job_id), "ops")]
