@@ -159,12 +159,14 @@ def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]
     started: list[Supervisor] = []
 
     def start(*args: str, queues: tuple[str, ...] = ("tests",), app: str = TEST_APP,
-              concurrency: int = 2, env: dict[str, str] | None = None) -> Supervisor:
+              concurrency: int = 2, env: dict[str, str] | None = None,
+              database_url: str | None = None) -> Supervisor:
         argv = [f"--queue={q}" for q in queues]
         argv += ["--app", app, "--concurrency", str(concurrency), "--poll-interval", "0.2s",
                  "--rescue-interval", "0.5s", "--drain-timeout", "10s", "--kill-grace", "2s", *args]
         full_env = {**os.environ, **(env or {})}
-        sup = Supervisor(db_url, tmp_path / f"supervisor-{len(started)}.log", argv, full_env)
+        sup = Supervisor(database_url or db_url, tmp_path / f"supervisor-{len(started)}.log",
+                         argv, full_env)
         started.append(sup)
         return sup
 

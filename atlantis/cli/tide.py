@@ -28,7 +28,9 @@ from atlantis.cli.common import (
     _rows,
 )
 from atlantis.cli.console import console
+from atlantis.cli.doctor import doctor
 from atlantis.cli.jobs import job
+from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
 from atlantis.cli.usage import OneLineGroup
 from atlantis.errors import AtlantisError
@@ -197,3 +199,5 @@ def gen(source: Path, output: Path, check: bool) -> None:
 
 main.add_command(schedule)
 main.add_command(console)
+db.add_command(doctor)
+db.add_command(roles)

@@ -47,17 +47,8 @@ SELECT id FROM atlantis.jobs
 
 -- name: console_delete_finished
 -- Delete finished jobs by id, with their attempts and logs; returns how many jobs went.
--- Waiting and running jobs are never deleted.
-WITH gone AS (
-    DELETE FROM atlantis.jobs
-     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('complete', 'dead', 'cancelled')
-    RETURNING id
-), attempts AS (
-    DELETE FROM atlantis.attempts a USING gone WHERE a.job_id = gone.id
-), logs AS (
-    DELETE FROM atlantis.logs l USING gone WHERE l.job_id = gone.id
-)
-SELECT count(*)::int AS deleted FROM gone
+-- Waiting and running jobs are never deleted. Through the function an operator may call.
+SELECT atlantis.delete_finished(%(ids)s::bigint[]) AS deleted
 
 -- name: console_dlq_groups
 -- The dead-letter queue grouped by error fingerprint: the last error's kind and first line.

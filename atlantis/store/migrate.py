@@ -1,4 +1,12 @@
-"""Versioned schema migrations, safe when several processes migrate at once."""
+"""Versioned schema migrations, safe when several processes migrate at once.
+
+After the migrations, :func:`migrate` also takes the *role step*: it creates the NOLOGIN
+roles of :data:`ROLES` when the migrating role may (superuser or CREATEROLE; otherwise it
+skips that silently), and grants whichever of them exist their rights in this database.
+Roles are cluster-wide, so creating them tolerates another database's migration creating
+them at the same moment; grants are per database (and copied with a template).
+``tide db roles --sql`` prints the same statements (:func:`roles_sql`).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from atlantis.declarations.model import JobDecl
+from atlantis.store.doctor import require_server_version
 from atlantis.store.queries import Q
 
 _LOCK_KEY = 0x61746C616E746973  # "atlantis"
@@ -28,8 +37,10 @@ def migrations() -> list[tuple[int, str, LiteralString]]:
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[int]:
-    """Apply the migrations this database lacks; returns the versions applied."""
+    """Apply the migrations this database lacks, then the role step; returns the versions
+    applied."""
     applied: list[int] = []
+    require_server_version(conn)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         conn.execute("CREATE SCHEMA IF NOT EXISTS atlantis")
@@ -48,7 +59,202 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 (version, name),
             )
             applied.append(version)
+        _role_step(conn, regrant=bool(applied))
     return applied
+
+
+# ---- roles --------------------------------------------------------------------------------
+
+#: The roles atlantis creates, NOLOGIN: grant one to a login role (``GRANT atlantis_worker TO
+#: app_worker``) or create the login role ``IN ROLE`` it.
+ROLES = ("atlantis_enqueuer", "atlantis_worker", "atlantis_operator", "atlantis_reader")
+
+# One DO block per role: roles are cluster-wide, and another database's migration may be
+# creating the same one at this moment (it then fails on the unique index once the other
+# commits: unique_violation; or, already committed, duplicate_object).
+_CREATE_ROLE: LiteralString = """
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '{role}') THEN
+        CREATE ROLE {role} NOLOGIN;
+    END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL;
+END
+$$;"""
+
+# PUBLIC has no right on anything of the schema (migration 0008 revokes them; again after
+# every migration, for the functions it created).
+_REVOKE_PUBLIC: LiteralString = """
+REVOKE ALL ON SCHEMA atlantis FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA atlantis FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA atlantis FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA atlantis FROM PUBLIC;"""
+
+# What each role may do in this database. The SECURITY DEFINER functions (migration 0008)
+# are the only way an enqueuer or an operator writes.
+_READ_FUNCTIONS: LiteralString = (
+    "atlantis.stalled(atlantis.jobs), atlantis.stall_after(text, interval)"
+)
+_GRANTS: dict[str, LiteralString] = {
+    # Enqueue and cancel, nothing else: no right on any table.
+    "atlantis_enqueuer": """
+GRANT USAGE ON SCHEMA atlantis TO atlantis_enqueuer;
+GRANT EXECUTE ON FUNCTION
+    atlantis.enqueue(text, jsonb, timestamptz, int, text, interval),
+    atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval),
+    atlantis.cancel(bigint, text)
+    TO atlantis_enqueuer;""",
+    # atlantis-supervise: claims, leases, results, attempts, logs, its workers row,
+    # schedules and retention, and syncing declarations into job_types; no DDL, no
+    # settings, no pause/resume/retry.
+    "atlantis_worker": """
+GRANT USAGE ON SCHEMA atlantis TO atlantis_worker;
+GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_worker;
+GRANT INSERT, UPDATE, DELETE ON atlantis.jobs, atlantis.attempts, atlantis.logs,
+    atlantis.workers, atlantis.schedule_runs TO atlantis_worker;
+GRANT INSERT, UPDATE ON atlantis.job_types TO atlantis_worker;
+GRANT USAGE, SELECT ON SEQUENCE atlantis.jobs_id_seq, atlantis.attempts_id_seq,
+    atlantis.logs_id_seq TO atlantis_worker;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
+REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
+    atlantis.resume(text, text), atlantis.delete_finished(bigint[]) FROM atlantis_worker;""",
+    # tide's changes and the console's writes, through functions, plus what reads need.
+    "atlantis_operator": """
+GRANT USAGE ON SCHEMA atlantis TO atlantis_operator;
+GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_operator;
+GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
+    atlantis.cancel(bigint, text), atlantis.retry(bigint, text),
+    atlantis.pause(text, text, text), atlantis.resume(text, text),
+    atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[])
+    TO atlantis_operator;
+DO $$
+BEGIN
+    IF to_regclass('atlantis.console_audit') IS NOT NULL THEN
+        GRANT INSERT ON atlantis.console_audit TO atlantis_operator;
+        GRANT USAGE ON SEQUENCE atlantis.console_audit_id_seq TO atlantis_operator;
+    END IF;
+END
+$$;""",
+    # tide's read commands and a read-only console.
+    "atlantis_reader": """
+GRANT USAGE ON SCHEMA atlantis TO atlantis_reader;
+GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_reader;
+GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """ TO atlantis_reader;""",
+}
+
+
+def roles_sql() -> str:
+    """Every statement of the role step, for a superuser to run in a migrated database."""
+    parts = ["-- atlantis roles: cluster-wide, NOLOGIN; safe to run again.",
+             *(_CREATE_ROLE.format(role=role).strip() for role in ROLES),
+             "-- Rights in the current database (run this part in each atlantis database).",
+             _REVOKE_PUBLIC.strip(),
+             *(_GRANTS[role].strip() for role in ROLES)]
+    return "\n".join(parts) + "\n"
+
+
+def may_create_roles(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the connected role may create roles (superuser or CREATEROLE)."""
+    row = conn.execute(
+        "SELECT rolsuper OR rolcreaterole FROM pg_catalog.pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def may_migrate(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the connected role may migrate: a superuser, the schema's owner (or a member
+    of it), or anyone who may create the schema when there is none yet."""
+    with conn.transaction():  # leaves no transaction open on a non-autocommit connection
+        row = conn.execute(
+            "SELECT r.rolsuper"
+            "    OR CASE WHEN n.oid IS NULL"
+            "            THEN has_database_privilege(current_database(), 'CREATE')"
+            "            ELSE pg_has_role(current_user, n.nspowner, 'USAGE') END"
+            "  FROM pg_catalog.pg_roles r"
+            "  LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = 'atlantis'"
+            " WHERE r.rolname = current_user"
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
+    """Why this package cannot use the schema as it is (missing, or behind the newest
+    migration shipped), on one line; None when it can. A newer schema is fine: migrations
+    stay additive for a release. Other errors (no right to read the version) are raised."""
+    with conn.transaction():  # leaves no transaction open on a non-autocommit connection
+        exists = conn.execute(
+            "SELECT to_regclass('atlantis.schema_migrations') IS NOT NULL").fetchone()
+        if not (exists and exists[0]):
+            return "the atlantis schema is missing; run `tide db migrate` as its owner"
+        row = conn.execute("SELECT max(version) FROM atlantis.schema_migrations").fetchone()
+    version = row[0] if row else None
+    latest = migrations()[-1][0]
+    if version is None:
+        return "the atlantis schema is missing; run `tide db migrate` as its owner"
+    if version < latest:
+        return (f"the atlantis schema is at version {version}, this atlantis needs {latest}; "
+                "run `tide db migrate` as its owner")
+    return None
+
+
+def grant_roles(conn: psycopg.Connection[Any], *, create: bool = True) -> list[str]:
+    """Create the roles (when ``create`` and the connected role may), then grant every one
+    that exists its rights in this database; returns the roles granted. Run it inside a
+    transaction holding the migration lock (concurrent GRANTs on one object can fail)."""
+    if create and may_create_roles(conn):
+        for role in ROLES:
+            conn.execute(_CREATE_ROLE.format(role=role))
+    existing = _existing_roles(conn)
+    conn.execute(_REVOKE_PUBLIC)
+    for role in existing:
+        conn.execute(_GRANTS[role])
+    return existing
+
+
+def apply_roles(conn: psycopg.Connection[Any]) -> list[str]:
+    """:func:`grant_roles` in its own transaction, under the migration lock."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        return grant_roles(conn)
+
+
+def _existing_roles(conn: psycopg.Connection[Any]) -> list[str]:
+    found = {row[0] for row in conn.execute(
+        "SELECT rolname FROM pg_catalog.pg_roles WHERE rolname = ANY(%s)", (list(ROLES),))}
+    return [role for role in ROLES if role in found]
+
+
+def _role_step(conn: psycopg.Connection[Any], *, regrant: bool) -> None:
+    """After the migrations: create the roles when we may, and grant them when something
+    changed (migrations applied, a role new to this database); else do nothing, so that a
+    supervisor's start does not rewrite the catalog every time."""
+    if may_create_roles(conn) and len(_existing_roles(conn)) < len(ROLES):
+        for role in ROLES:
+            conn.execute(_CREATE_ROLE.format(role=role))
+    if not _may_grant(conn):
+        return
+    if not regrant:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_catalog.pg_roles"
+            " WHERE rolname = ANY(%s) AND NOT has_schema_privilege(oid, 'atlantis', 'USAGE')",
+            (list(ROLES),),
+        ).fetchone()
+        regrant = bool(row and row[0])
+    if regrant:
+        grant_roles(conn, create=False)
+
+
+def _may_grant(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the connected role may grant rights on the schema's objects (owns them, or is
+    a superuser); the schema must be at version 8 or later (it has the functions granted)."""
+    row = conn.execute(
+        "SELECT (r.rolsuper OR pg_has_role(current_user, n.nspowner, 'USAGE'))"
+        "   AND EXISTS (SELECT 1 FROM atlantis.schema_migrations WHERE version >= 8)"
+        "  FROM pg_catalog.pg_roles r, pg_catalog.pg_namespace n"
+        " WHERE r.rolname = current_user AND n.nspname = 'atlantis'"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def sync(conn: psycopg.Connection[Any], decls: list[JobDecl]) -> None:

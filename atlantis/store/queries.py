@@ -65,6 +65,16 @@ class Queries:
     console_log_last_id: LiteralString
     console_audit_insert: LiteralString
     console_audit_list: LiteralString
+    # doctor.sql (`tide db doctor`)
+    doctor_server_version: LiteralString
+    doctor_live_supervisors: LiteralString
+    doctor_jobs_table: LiteralString
+    doctor_jobs_indexes: LiteralString
+    doctor_old_transactions: LiteralString
+    doctor_expired_leases: LiteralString
+    doctor_unserved_queues: LiteralString
+    doctor_unserved_declarations: LiteralString
+    doctor_missed_slots: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -86,7 +96,7 @@ class Queries:
 
 def _load() -> Queries:
     files = resources.files("atlantis.store")
-    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql", "console.sql")))
+    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql")))
 
 
 Q = _load()

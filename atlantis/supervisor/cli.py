@@ -126,8 +126,15 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
     budget stays below systemd's default start timeout (90s) for ``Type=notify``. Only
     connection problems are waited for; any other database error is a configuration
     error (exit 2 at once). A stop signal ends the wait.
+
+    It migrates only when its role may (a superuser, or the schema's owner); a role such
+    as ``atlantis_worker`` checks the schema version instead, and a schema behind this
+    package's migrations is one line and exit 2.
     """
+    from atlantis.store.migrate import may_migrate, schema_problem
+
     notifier = Notifier()
+    problem: list[str] = []
 
     def waiting(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -143,10 +150,20 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
             before_sleep=waiting, reraise=True, sleep=_sleep_unless(early),
         ):
             with attempt, connect(url, connect_timeout=5) as conn:
-                migrate(conn)
+                if may_migrate(conn):
+                    migrate(conn)
+                else:
+                    found = schema_problem(conn)
+                    if found is not None:
+                        problem.append(found)
+                        return
+                    log.info("not migrating: role %s does not own the atlantis schema",
+                             conn.info.user)
                 sync(conn, decls)
     finally:
         notifier.close()
+        if problem:
+            _fail(problem[0])
 
 
 class _StopSignalled(stop_base):
