@@ -22,6 +22,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
+from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store.queries import Q
 
@@ -33,7 +34,6 @@ INVALID_ARGS = "ATL02"
 # far: numbers PostgreSQL cannot even read (more than 16383 digits after the point), and
 # nesting orjson cannot write (255 levels).
 MAX_NUMBER_CHARS = 4000
-MAX_DEPTH = 64
 _UNREADABLE_NUMBER_CHARS = 16_000
 
 _INT64_MIN = -(2**63)
@@ -160,11 +160,11 @@ def _reason(exc: BaseException, value: Any) -> str:
     if isinstance(exc, _UnsendableError):
         return str(exc)
     if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
-        return f"nested {_depth(value)} levels deep, more than the limit of {MAX_DEPTH}"
+        return f"nested {json_depth(value)} levels deep, more than the limit of {MAX_DEPTH}"
     return f"cannot be written as JSON: {exc}"
 
 
-def _depth(value: Any) -> int:
+def json_depth(value: Any) -> int:
     """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or dict."""
     deepest = 0
     stack = [(value, 1)]

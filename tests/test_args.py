@@ -20,8 +20,9 @@ import pytest
 import atlantis
 from atlantis.declarations import JobDecl, parse_atl
 from atlantis.declarations.values import ArgsError, decode_args
+from atlantis.enqueue import json_depth as depth
 from atlantis.errors import ValidationError
-from tests.apps.values import depth, registry, type_name
+from tests.apps.values import registry, type_name
 
 BIG = registry.decls["values.Big"]
 DEEP = registry.decls["values.Deep"]

@@ -30,11 +30,11 @@ from atlantis.child.exits import (
     TermSignal,
     exit_now,
 )
-from atlantis.child.text import MAX_ERROR_CHARS, child_error, clip, describe, text_of
+from atlantis.child.text import MAX_ERROR_CHARS, child_error, describe, text_of
 from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent
 from atlantis.child.watchdog import Watchdog
 from atlantis.errors import ConfigurationError
-from atlantis.protocol.messages import Done, Fatal, Ready
+from atlantis.protocol.messages import Done, Fatal, Ready, clip
 from atlantis.registry import Registry
 
 # Kept importable from here: the zygote and the supervisor use these names.

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 
 from atlantis.child.exits import Terminated
-from atlantis.protocol.messages import ChildError, ErrorKind, clean
+from atlantis.protocol.messages import ChildError, ErrorKind, clean, clip
 
 #: Error messages and tracebacks past this size are cut (a 10 MB message would otherwise be
 #: stored, twice, in the row's ``errors`` and ``last_error``).
@@ -54,14 +54,6 @@ def type_name(value: object) -> str:
         raise
     except BaseException:
         return "<unknown type>"
-
-
-def clip(text: str, head: int, tail: int = 0) -> str:
-    """``text`` cut to about ``head + tail`` characters, saying how much was dropped."""
-    if len(text) <= head + tail:
-        return text
-    note = f" ... [truncated: {len(text)} characters in all] ... "
-    return text[:head] + note + (text[-tail:] if tail else "")
 
 
 def describe(exc: BaseException) -> str:

@@ -31,7 +31,7 @@ from typing import NoReturn
 
 from atlantis.app import load_app
 from atlantis.child.main import EXIT_APP_ERROR, _die_with_parent, serve
-from atlantis.child.text import MAX_ERROR_CHARS, clip, text_of
+from atlantis.child.text import MAX_ERROR_CHARS, text_of
 from atlantis.errors import ConfigurationError
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.messages import (
@@ -42,6 +42,7 @@ from atlantis.protocol.messages import (
     Unsafe,
     ZygoteFatal,
     ZygoteReady,
+    clip,
     decode,
     dumps,
 )

@@ -7,8 +7,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import date, datetime, timedelta
-from decimal import Decimal
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -26,7 +24,7 @@ from atlantis.store.database import (
     redact,
     resolve_url,
 )
-from atlantis.store.migrate import migrations
+from atlantis.store.migrate import schema_problem
 from atlantis.units import parse_duration
 
 _Row = TypeVar("_Row")
@@ -46,18 +44,8 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
-    raise TypeError
-
-
 def _dump(doc: Any) -> None:
-    click.echo(orjson.dumps(doc, default=_json_default, option=orjson.OPT_INDENT_2).decode())
+    click.echo(orjson.dumps(doc, default=admin.json_default, option=orjson.OPT_INDENT_2).decode())
 
 
 def _operator() -> str | None:
@@ -106,16 +94,10 @@ def _schema_problem(conn: psycopg.Connection[Any]) -> str:
     try:
         if conn.info.transaction_status == TransactionStatus.INERROR:
             conn.rollback()
-        version = admin.schema_version(conn)
+        problem = schema_problem(conn, who="tide", hint="")
     except psycopg.Error:
         return "the atlantis schema is missing; run `tide db migrate`"
-    latest = migrations()[-1][0]
-    if version is None:
-        return "the atlantis schema is missing; run `tide db migrate`"
-    if version < latest:
-        return (f"the atlantis schema is at version {version}, this tide needs {latest}; "
-                "run `tide db migrate`")
-    return "the atlantis schema lacks something this tide needs; run `tide db migrate`"
+    return problem or "the atlantis schema lacks something this tide needs; run `tide db migrate`"
 
 
 def _get_job(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:

@@ -9,8 +9,7 @@ args with the ``--args-redact`` keys hidden.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from datetime import datetime
 from typing import Any, TypeVar
 
 import anyio.to_thread
@@ -47,20 +46,8 @@ class Database:
         return await anyio.to_thread.run_sync(self.call, fn)
 
 
-def _default(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    raise TypeError(f"not JSON: {type(value).__name__}")
-
-
 def dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc, default=_default, option=orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(doc, default=admin.json_default, option=orjson.OPT_NON_STR_KEYS)
 
 
 def redact(value: Any, keys: frozenset[str]) -> Any:

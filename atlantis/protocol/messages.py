@@ -214,6 +214,14 @@ def clean(text: str) -> str:
     return text
 
 
+def clip(text: str, head: int, tail: int = 0) -> str:
+    """``text`` cut to about ``head + tail`` characters, saying how much was dropped."""
+    if len(text) <= head + tail:
+        return text
+    note = f" ... [truncated: {len(text)} characters in all] ... "
+    return text[:head] + note + (text[-tail:] if tail else "")
+
+
 def decode(body: bytes, *, expect: tuple[type[Any], ...] | None = None) -> Message:
     """Parse and validate one frame body; ProtocolError says what is wrong with it."""
     try:

@@ -15,34 +15,16 @@ SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, started_at, 
   FROM atlantis.workers WHERE expires_at > now() ORDER BY started_at
 
 -- name: job_get
--- Every column of atlantis.jobs (durations in seconds), the stall threshold and whether the
--- job is past it, and the database's clock (what ages are measured against).
-SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
-       extract(epoch FROM timeout)::float8 AS timeout,
-       extract(epoch FROM heartbeat)::float8 AS heartbeat,
-       claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
-       error_count, created_at, started_at, finished_at,
-       extract(epoch FROM backoff)::float8 AS backoff, unique_key, cancel_requested_at,
-       cancelled_by, retried_by, retried_at, progress_history,
-       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
-       atlantis.stalled(j) AS stalled, now() AS db_now
-  FROM atlantis.jobs j WHERE id = %(id)s
+-- atlantis.job_rows (migration 0009): every column of atlantis.jobs, the stall threshold,
+-- whether the job is past it, and the database's clock.
+SELECT * FROM atlantis.job_rows WHERE id = %(id)s
 
 -- name: job_list
 -- The same columns as job_get, newest first.
-SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
-       extract(epoch FROM timeout)::float8 AS timeout,
-       extract(epoch FROM heartbeat)::float8 AS heartbeat,
-       claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
-       error_count, created_at, started_at, finished_at,
-       extract(epoch FROM backoff)::float8 AS backoff, unique_key, cancel_requested_at,
-       cancelled_by, retried_by, retried_at, progress_history,
-       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
-       atlantis.stalled(j) AS stalled, now() AS db_now
-  FROM atlantis.jobs j
+SELECT * FROM atlantis.job_rows
  WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
-   AND (NOT %(stalled)s OR (state = 'running' AND atlantis.stalled(j)))
+   AND (NOT %(stalled)s OR (state = 'running' AND stalled))
  ORDER BY id DESC
  LIMIT %(limit)s
 
@@ -70,9 +52,6 @@ SELECT atlantis.resume(%(queue)s, coalesce(%(by)s::text, current_user::text)) AS
 -- Finished jobs older than `older_than` (with their attempts and logs), `batch` at a time:
 -- atlantis.prune comes with the retention migration.
 SELECT atlantis.prune(%(older_than)s::interval, %(states)s::text[], %(batch)s) AS deleted
-
--- name: notify_queue
-SELECT pg_notify('atlantis_jobs', %(queue)s)
 
 -- name: job_log_lines
 -- One attempt's output after line `after` (ids grow as lines are written).

@@ -8,16 +8,7 @@
 -- One page of jobs, newest first, by keyset (`before`: the smallest id of the previous
 -- page), filtered by state, queue, job name and args containment (`args @> ...`). The
 -- columns are job_get's, so rows read into admin.JobRow.
-SELECT id, job, queue, args, state, attempt, max_attempts, priority, run_at,
-       extract(epoch FROM timeout)::float8 AS timeout,
-       extract(epoch FROM heartbeat)::float8 AS heartbeat,
-       claimed_by, claimed_until, progress_pct, progress_msg, progress_at, last_error, errors,
-       error_count, created_at, started_at, finished_at,
-       extract(epoch FROM backoff)::float8 AS backoff, unique_key, cancel_requested_at,
-       cancelled_by, retried_by, retried_at, progress_history,
-       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
-       atlantis.stalled(j) AS stalled, now() AS db_now
-  FROM atlantis.jobs j
+SELECT * FROM atlantis.job_rows
  WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)

@@ -178,7 +178,8 @@ def may_migrate(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
+def schema_problem(conn: psycopg.Connection[Any], *, who: str = "atlantis",
+                   hint: str = " as its owner") -> str | None:
     """Why this package cannot use the schema as it is (missing, or behind the newest
     migration shipped), on one line; None when it can. A newer schema is fine: migrations
     stay additive for a release. Other errors (no right to read the version) are raised."""
@@ -186,15 +187,15 @@ def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
         exists = conn.execute(
             "SELECT to_regclass('atlantis.schema_migrations') IS NOT NULL").fetchone()
         if not (exists and exists[0]):
-            return "the atlantis schema is missing; run `tide db migrate` as its owner"
+            return f"the atlantis schema is missing; run `tide db migrate`{hint}"
         row = conn.execute("SELECT max(version) FROM atlantis.schema_migrations").fetchone()
     version = row[0] if row else None
     latest = migrations()[-1][0]
     if version is None:
-        return "the atlantis schema is missing; run `tide db migrate` as its owner"
+        return f"the atlantis schema is missing; run `tide db migrate`{hint}"
     if version < latest:
-        return (f"the atlantis schema is at version {version}, this atlantis needs {latest}; "
-                "run `tide db migrate` as its owner")
+        return (f"the atlantis schema is at version {version}, this {who} needs {latest}; "
+                f"run `tide db migrate`{hint}")
     return None
 
 

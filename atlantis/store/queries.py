@@ -29,7 +29,6 @@ class Queries:
     listen: LiteralString
     job_retry: LiteralString
     job_cancel: LiteralString
-    notify_queue: LiteralString
     queue_stats: LiteralString
     release_orphans: LiteralString
     queue_known: LiteralString

@@ -37,7 +37,7 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
-from atlantis.store.database import scrub
+from atlantis.store.database import describe_db_error
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -100,12 +100,6 @@ class DatabaseUnavailable(Exception):  # noqa: N818 - reads better at the except
     def __init__(self, message: str, *, sent: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
-
-
-def _describe(exc: BaseException, url: str = "") -> str:
-    """The error's first line, with nothing of the database URL's password in it."""
-    text = scrub(str(exc), url).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class Health:
@@ -209,7 +203,7 @@ class Db:
                     yield note.channel, note.payload
             except psycopg.OperationalError as exc:
                 await self._lost(conn, exc)
-                raise DatabaseUnavailable(_describe(exc, self.url)) from exc
+                raise DatabaseUnavailable(describe_db_error(exc, self.url)) from exc
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -259,7 +253,7 @@ class Db:
                         keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                     )
             except (psycopg.OperationalError, TimeoutError) as exc:
-                self._last_error = _describe(exc, self.url) if str(exc).strip() else "connection attempt timed out"
+                self._last_error = describe_db_error(exc, self.url) if str(exc).strip() else "connection attempt timed out"
                 self._failures += 1
                 self._retry_at = loop.time() + self._backoff()
                 self.health.failed(self.role, self._last_error)
@@ -309,16 +303,16 @@ class Db:
             if conn.closed or getattr(conn, "broken", False) or (
                     not rejected and not isinstance(exc, psycopg.Error)):
                 await self._lost(conn, exc)
-                raise DatabaseUnavailable(_describe(exc, self.url), sent=True) from exc
+                raise DatabaseUnavailable(describe_db_error(exc, self.url), sent=True) from exc
             self.health.answered()
             if rejected:
-                raise StatementRejected(_describe(exc, self.url), getattr(exc, "sqlstate", None)) from exc
+                raise StatementRejected(describe_db_error(exc, self.url), getattr(exc, "sqlstate", None)) from exc
             assert isinstance(exc, psycopg.Error)
             # The server answered but refused for another reason (deadlock, lock or
             # statement timeout, too many connections, a read-only standby, an internal
             # error...): the statement did not run; callers retry with backoff.
-            log.warning("database %s: %s (SQLSTATE %s)", self.role, _describe(exc, self.url), exc.sqlstate)
-            raise DatabaseUnavailable(_describe(exc, self.url)) from exc
+            log.warning("database %s: %s (SQLSTATE %s)", self.role, describe_db_error(exc, self.url), exc.sqlstate)
+            raise DatabaseUnavailable(describe_db_error(exc, self.url)) from exc
         self.health.answered()
         return result
 
@@ -345,7 +339,7 @@ class Db:
         """
         if self._conn is conn:
             self._conn = None
-        self._last_error = _describe(exc, self.url)
+        self._last_error = describe_db_error(exc, self.url)
         log.info("database connection %s lost: %s", self.role, self._last_error)
         await self._close_quietly(conn)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from atlantis.protocol.messages import ChildError, Done, clean
+from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
 
 NextState = Literal["complete", "available", "dead", "cancelled"]
@@ -88,8 +89,7 @@ def clamp_delay(seconds: float, cap: float) -> float:
 
 def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     """Text fit for a row: cleaned (no NUL, no lone surrogate) and at most ``limit`` chars."""
-    text = clean(text)
-    return text if len(text) <= limit else text[:limit] + f" ... [truncated: {len(text)} characters]"
+    return cut(clean(text), limit)
 
 
 def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import atlantis
+from atlantis.enqueue import json_depth
 from tests.apps.basic import record
 
 registry = atlantis.Registry.from_atl("values.atl")
@@ -22,20 +23,6 @@ def type_name(value: Any) -> str:
         names = sorted({type(v).__name__ for v in value})
         return f"list[{'|'.join(names)}]"
     return type(value).__name__
-
-
-def depth(value: Any) -> int:
-    """0 for a scalar, 1 + the deepest member for a list or dict."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item)
-    return deepest
 
 
 @registry.handler("values.Noop")
@@ -52,5 +39,5 @@ def big(ctx: atlantis.JobContext, args: Any) -> None:
 
 @registry.handler("values.Deep")
 def deep(ctx: atlantis.JobContext, args: Any) -> None:
-    record(ctx, args.key, f"doc={type_name(args.doc)} depth={depth(args.doc)}")
-    record(ctx, args.key, f"docs={type_name(args.docs)} depth={depth(args.docs)}")
+    record(ctx, args.key, f"doc={type_name(args.doc)} depth={json_depth(args.doc)}")
+    record(ctx, args.key, f"docs={type_name(args.docs)} depth={json_depth(args.docs)}")
