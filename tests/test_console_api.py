@@ -145,6 +145,34 @@ def test_filters_and_keyset_paging(db: psycopg.Connection[Any], client: Client) 
     assert f'href="/jobs/{ids[7]}"' in html and f'href="/jobs/{ids[0]}"' not in html
 
 
+def test_a_filter_no_index_serves_searches_a_window_of_ids_a_page(
+    db: psycopg.Connection[Any], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a big table an args or job filter must not scan every row per page: it searches
+    SCAN_WINDOW ids, and an emptier page says where to go on, until every match was seen."""
+    from atlantis.store import console as store
+
+    monkeypatch.setattr(store, "SCAN_WINDOW", 4)
+    ids = [enqueue(db, "console.Import", account_id="w" if i in (0, 1, 6) else "x")
+           for i in range(10)]
+    c = client()
+    seen: list[int] = []
+    url = "/api/jobs?args=account_id:w"
+    for _ in range(10):
+        page = c.get(url).json()
+        seen += [j["id"] for j in page["jobs"]]
+        assert page["searched_from"] is not None
+        if page["next_before"] is None:
+            break
+        url = f"/api/jobs?args=account_id:w&before={page['next_before']}"
+    assert seen == [ids[6], ids[1], ids[0]]
+    first = c.get("/api/jobs?args=account_id:w").json()
+    assert first["searched_from"] == ids[-1] + 1 - 4 and first["next_before"] is not None
+    html = c.get("/jobs?args=account_id:w").text
+    assert f"Searched jobs down to id {ids[-1] + 1 - 4}" in html and "Older jobs" in html
+    assert c.get("/api/jobs?state=available").json()["searched_from"] is None
+
+
 def test_bulk_dry_run_then_act(db: psycopg.Connection[Any], client: Client) -> None:
     ids = [enqueue(db, "console.Import", account_id="bulk") for _ in range(3)]
     other = enqueue(db, "console.Import", account_id="keep")

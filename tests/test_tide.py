@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.store import migrate
+from atlantis.store import admin, migrate
 from atlantis.store.migrate import migrations
 from tests.conftest import BIN, ROOT, job_row, url_for, wait_for, wait_state
 from tests.test_operations import make_dead, make_running
@@ -275,13 +275,19 @@ def test_a_stalled_job_is_flagged_in_status_list_and_queue_stats(
     db.execute("UPDATE atlantis.jobs SET started_at = now() - interval '1 minute' WHERE id = %s",
                (quiet,))
     busy = running_with_history(db, key="busy")
+    def checkpoint_busy() -> None:  # "busy" checkpoints now: not stalled however slow tide is
+        db.execute("UPDATE atlantis.jobs SET progress_at = now() WHERE id = %s", (busy,))
+
     text = tide(db_url, "job", "status", str(quiet)).stdout
     assert "STALLED" in text and "since the claim (no checkpoint yet); stalled after 9s" in text
+    checkpoint_busy()
     listed = {r["id"]: r for r in orjson.loads(tide(db_url, "job", "list", "--json").stdout)}
     assert listed[quiet]["stalled"] is True and listed[busy]["stalled"] is False
+    checkpoint_busy()
     only = orjson.loads(tide(db_url, "job", "list", "--stalled", "--json").stdout)
     assert [r["id"] for r in only] == [quiet]
     assert "running STALLED" in tide(db_url, "job", "list").stdout
+    checkpoint_busy()
     stats = {q["queue"]: q for q in orjson.loads(tide(db_url, "queue", "stats", "--json").stdout)}
     assert stats["tests"]["stalled"] == 1 and stats["tests"]["running"] == 2
 
@@ -354,6 +360,31 @@ def test_queue_stats_lists_declared_queues_pauses_and_unserved_ones(
     unknown = tide(db_url, "queue", "pause", "nope", check=False)
     assert unknown.returncode == 1 and unknown.stderr.splitlines()[-1].startswith(
         "tide: unknown queue 'nope'")
+
+
+def test_queue_counts_are_exact_up_to_the_cap_and_estimates_beyond(
+    db: psycopg.Connection[Any], db_url: str
+) -> None:
+    """The overview never counts every row: above the cap a count is the planner's
+    estimate, flagged approximate; the oldest due job is found across priorities."""
+    atlantis.enqueue_many(db, "tests.Echo", [{"key": f"k{i}"} for i in range(12)])
+    atlantis.enqueue(db, "tests.Echo", {"key": "urgent"}, priority=-5)
+    atlantis.enqueue(db, "tests.Echo", {"key": "later"}, delay=3600)
+    db.execute("UPDATE atlantis.jobs SET run_at = now() - interval '1 hour'"
+               " WHERE args->>'key' = 'k3'")
+    db.execute("ANALYZE atlantis.jobs")
+    (exact,) = [q for q in admin.queue_stats(db) if q.queue == "tests"]
+    assert (exact.available, exact.due, exact.approximate) == (14, 13, [])
+    assert exact.oldest_waiting_seconds is not None
+    assert 3590 <= exact.oldest_waiting_seconds <= 3700  # k3, at priority 0 behind "urgent"
+    (capped,) = [q for q in admin.queue_stats(db, cap=5) if q.queue == "tests"]
+    assert capped.approximate == ["available", "due"]
+    assert capped.available >= 6 and capped.due == 6  # the planner's, never below cap + 1
+    assert capped.oldest_waiting_seconds == pytest.approx(exact.oldest_waiting_seconds, abs=5)
+    assert capped.dead == 0 and capped.complete == 0
+    (cli,) = [q for q in orjson.loads(tide(db_url, "queue", "stats", "--json").stdout)
+              if q["queue"] == "tests"]
+    assert cli["approximate"] == [] and cli["available"] == 14
 
 
 def test_worker_list_shows_in_flight_jobs_and_memory(db: psycopg.Connection[Any],

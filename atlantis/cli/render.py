@@ -323,11 +323,20 @@ def queue_table(queues: Sequence[QueueStats]) -> None:
         status = Text("; ").join(styled(t, s) for t, s in notes) if notes else Text("ok")
         oldest = short_duration(q.oldest_waiting_seconds) if q.oldest_waiting_seconds else ""
         stalled = styled(str(q.stalled), STALLED_STYLE if q.stalled else None)
-        rows.append([q.queue, str(q.due), oldest, str(q.available - q.due), str(q.running),
-                     stalled, str(q.completed_last_minute), str(q.completed_last_hour),
-                     str(q.complete), styled(str(q.dead), "red" if q.dead else None),
-                     str(q.cancelled), str(q.supervisors), status])
+        later = max(0, q.available - q.due)
+        rows.append([q.queue, _count(q, "due"), oldest,
+                     f"≈{later}" if {"due", "available"} & set(q.approximate) else str(later),
+                     _count(q, "running"), stalled, str(q.completed_last_minute),
+                     str(q.completed_last_hour), _count(q, "complete"),
+                     styled(_count(q, "dead"), "red" if q.dead else None),
+                     _count(q, "cancelled"), str(q.supervisors), status])
     print_table(columns, rows)
+
+
+def _count(q: QueueStats, state: str) -> str:
+    """A queue's count of ``state``; an estimate (above admin.COUNT_CAP) reads "≈12345"."""
+    count = int(getattr(q, state))
+    return f"≈{count}" if state in q.approximate else str(count)
 
 
 def worker_table(workers: Sequence[WorkerRow]) -> None:

@@ -54,12 +54,12 @@ async def jobs(request: Request) -> Response:
                  high=PAGE_LIMIT)
     assert limit is not None
 
-    def read(conn: psycopg.Connection[Any]) -> tuple[list[admin.JobRow], int | None]:
+    def read(conn: psycopg.Connection[Any]) -> tuple[store.JobsPage, int | None]:
         return store.jobs_page(conn, flt, before=before, limit=limit), store.estimated_jobs(conn)
 
-    rows, estimate = await db_of(request).run(read)
-    return json({"jobs": [job_doc(r, settings.redact) for r in rows],
-                 "next_before": rows[-1].id if len(rows) == limit else None,
+    page, estimate = await db_of(request).run(read)
+    return json({"jobs": [job_doc(r, settings.redact) for r in page.rows],
+                 "next_before": page.next_before, "searched_from": page.searched_from,
                  "estimated_total": estimate})
 
 

@@ -67,7 +67,13 @@ def _json(value: Any) -> str:
 
 
 env.filters.update(duration=_duration, ago=_ago, ts=_ts, pretty=_json)
-env.globals.update(age=_age, sparkline=sparkline)
+def _approx(queue: dict[str, Any], state: str) -> str:
+    """A queue's count of ``state``; an estimate (above admin.COUNT_CAP) reads "≈12,345"."""
+    count = int(queue[state])
+    return f"≈{count:,}" if state in queue["approximate"] else str(count)
+
+
+env.globals.update(age=_age, sparkline=sparkline, approx=_approx)
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -128,18 +134,21 @@ async def jobs(request: Request, who: Principal) -> Response:
     limit = api._int(params.get("limit"), "limit", default=50, low=1, high=api.PAGE_LIMIT)
     assert limit is not None
 
-    def read(conn: psycopg.Connection[Any]) -> tuple[list[admin.JobRow], int | None]:
+    def read(conn: psycopg.Connection[Any]) -> tuple[store.JobsPage, int | None]:
         return store.jobs_page(conn, flt, before=before, limit=limit), store.estimated_jobs(conn)
 
-    rows, estimate = await db_of(request).run(read)
+    page, estimate = await db_of(request).run(read)
+    rows = page.rows
     filters = {k: params.get(k, "") for k in ("state", "queue", "job", "args")}
     next_link = None
-    if len(rows) == limit:
+    if page.next_before is not None:
         next_link = "/jobs?" + urlencode({**{k: v for k, v in filters.items() if v},
-                                          "before": rows[-1].id})
+                                          "before": page.next_before})
     return render(request, "jobs.html", who=who,
                   jobs=[job_doc(r, settings.redact) for r in rows], filters=filters,
                   states=admin.STATES, next_link=next_link, estimate=estimate,
+                  searched_from=page.searched_from if len(rows) < limit else None,
+                  window=store.SCAN_WINDOW,
                   filter_json=_json({k: v for k, v in filters.items() if v}))
 
 

@@ -177,6 +177,7 @@ class QueueStats:
     declared: bool
     supervisors: int
     unserved: bool
+    approximate: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,9 +346,14 @@ def latest_log_attempt(conn: Conn, job_id: int) -> int | None:
     return None if hit is None else hit.attempt
 
 
-def queue_stats(conn: Conn) -> list[QueueStats]:
-    """Every queue anything names (declared ones even when empty), by name."""
-    return _all(conn, QueueStats, Q.queue_stats)
+#: Counts by queue and state are exact up to this many rows; above, the planner's estimate.
+COUNT_CAP = 10_000
+
+
+def queue_stats(conn: Conn, *, cap: int = COUNT_CAP) -> list[QueueStats]:
+    """Every queue anything names (declared ones even when empty), by name. A count above
+    ``cap`` is the planner's estimate, and its state is listed in ``approximate``."""
+    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap})
 
 
 def list_workers(conn: Conn) -> list[WorkerRow]:

@@ -68,25 +68,35 @@ SELECT attempt FROM atlantis.logs WHERE job_id = %(job_id)s ORDER BY id DESC LIM
 -- name: queue_stats
 -- Every queue anything names (declarations, jobs, an operator's pause, a live supervisor),
 -- with its counts by state, pause, live supervisors, and `unserved`: due jobs wait and no
--- live supervisor serves the queue.
+-- live supervisor serves the queue. Counts come from atlantis.queue_counts: exact up to
+-- `cap` rows per queue and state, the planner's estimate beyond (listed in `approximate`),
+-- so this stays cheap on millions of rows. Completions are counted over the last hour's
+-- rows only (jobs_finished_idx).
 WITH live AS (
     SELECT queues FROM atlantis.workers WHERE expires_at > now()
 ), counts AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.state = 'available') AS available,
-           count(*) FILTER (WHERE j.state = 'available' AND j.run_at <= now()) AS due,
-           count(*) FILTER (WHERE j.state = 'running') AS running,
-           count(*) FILTER (WHERE j.state = 'running' AND atlantis.stalled(j)) AS stalled,
-           count(*) FILTER (WHERE j.state = 'complete') AS complete,
-           count(*) FILTER (WHERE j.state = 'dead') AS dead,
-           count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
-           extract(epoch FROM now() - min(j.run_at) FILTER (
-               WHERE j.state = 'available' AND j.run_at <= now()))::float8 AS oldest_waiting_seconds,
-           count(*) FILTER (WHERE j.state = 'complete' AND j.finished_at > now() - interval '1 minute')
-               AS completed_last_minute,
-           count(*) FILTER (WHERE j.state = 'complete' AND j.finished_at > now() - interval '1 hour')
-               AS completed_last_hour
+    SELECT c.queue,
+           max(c.n) FILTER (WHERE c.state = 'available') AS available,
+           max(c.n) FILTER (WHERE c.state = 'due') AS due,
+           max(c.n) FILTER (WHERE c.state = 'running') AS running,
+           max(c.n) FILTER (WHERE c.state = 'complete') AS complete,
+           max(c.n) FILTER (WHERE c.state = 'dead') AS dead,
+           max(c.n) FILTER (WHERE c.state = 'cancelled') AS cancelled,
+           array_agg(c.state ORDER BY c.state) FILTER (WHERE NOT c.exact) AS approximate
+      FROM atlantis.queue_counts(%(cap)s) c
+     GROUP BY c.queue
+), stalled AS (
+    SELECT j.queue, count(*) AS stalled
       FROM atlantis.jobs j
+     WHERE j.state = 'running' AND atlantis.stalled(j)
+     GROUP BY j.queue
+), recent AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.finished_at > now() - interval '1 minute')
+               AS completed_last_minute,
+           count(*) AS completed_last_hour
+      FROM atlantis.jobs j
+     WHERE j.finished_at > now() - interval '1 hour' AND j.state = 'complete'
      GROUP BY j.queue
 ), names AS (
     SELECT queue AS name FROM atlantis.job_types
@@ -96,19 +106,25 @@ WITH live AS (
 )
 SELECT n.name AS queue,
        coalesce(c.available, 0) AS available, coalesce(c.due, 0) AS due,
-       coalesce(c.running, 0) AS running, coalesce(c.stalled, 0) AS stalled,
+       coalesce(c.running, 0) AS running, coalesce(s.stalled, 0) AS stalled,
        coalesce(c.complete, 0) AS complete, coalesce(c.dead, 0) AS dead,
-       coalesce(c.cancelled, 0) AS cancelled, c.oldest_waiting_seconds,
-       coalesce(c.completed_last_minute, 0) AS completed_last_minute,
-       coalesce(c.completed_last_hour, 0) AS completed_last_hour,
+       coalesce(c.cancelled, 0) AS cancelled,
+       CASE WHEN coalesce(c.due, 0) > 0
+            THEN extract(epoch FROM now() - atlantis.oldest_due(n.name))::float8 END
+           AS oldest_waiting_seconds,
+       coalesce(r.completed_last_minute, 0) AS completed_last_minute,
+       coalesce(r.completed_last_hour, 0) AS completed_last_hour,
        coalesce(q.paused, false) AS paused, q.reason AS paused_reason,
        q.changed_by AS paused_by, q.changed_at AS paused_at,
        EXISTS (SELECT 1 FROM atlantis.job_types t WHERE t.queue = n.name) AS declared,
        (SELECT count(*) FROM live WHERE n.name = ANY(live.queues)) AS supervisors,
        coalesce(c.due, 0) > 0 AND NOT EXISTS (SELECT 1 FROM live WHERE n.name = ANY(live.queues))
-           AS unserved
+           AS unserved,
+       coalesce(c.approximate, '{}') AS approximate
   FROM names n
   LEFT JOIN counts c ON c.queue = n.name
+  LEFT JOIN stalled s ON s.queue = n.name
+  LEFT JOIN recent r ON r.queue = n.name
   LEFT JOIN atlantis.queues q ON q.name = n.name
  ORDER BY n.name
 

@@ -110,12 +110,41 @@ class _Estimate:
     estimate: int
 
 
+#: A page filtered by job name or args (which no index serves) searches at most this many
+#: ids, newest first; its ``next_before`` then continues below the window.
+SCAN_WINDOW = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    """One page of jobs, newest first. ``next_before``: the ``before`` of the next page
+    (None: no older job matches). ``searched_from``: the smallest id this page searched when
+    the filter searches by window (None: the page searched down to the oldest job)."""
+
+    rows: list[JobRow]
+    next_before: int | None
+    searched_from: int | None
+
+
 def jobs_page(conn: Conn, flt: JobFilter, *, before: int | None = None,
-              limit: int = 50) -> list[JobRow]:
-    """Up to ``limit`` jobs matching ``flt`` with ids below ``before``, newest first."""
+              limit: int = 50) -> JobsPage:
+    """Up to ``limit`` jobs matching ``flt`` with ids below ``before``, newest first. A job
+    name or args filter searches the :data:`SCAN_WINDOW` ids below ``before`` only, so a
+    page costs the same on a table of any size; a page with fewer rows than ``limit`` may
+    then still have older matches, and ``next_before`` says where to go on."""
+    floor: int | None = None
+    if flt.args is not None or flt.job is not None:
+        top = before
+        if top is None:
+            row = conn.execute(Q.console_max_id).fetchone()
+            top = int(row[0]) + 1 if row else 1
+        floor = max(1, top - SCAN_WINDOW)
     cur = conn.cursor(row_factory=class_row(JobRow))
-    return cur.execute(Q.console_jobs_page,
-                       {**flt.params(), "before": before, "limit": limit}).fetchall()
+    rows = cur.execute(Q.console_jobs_page, {**flt.params(), "before": before, "floor": floor,
+                                             "limit": limit}).fetchall()
+    if len(rows) == limit:
+        return JobsPage(rows, rows[-1].id, floor)
+    return JobsPage(rows, floor if floor is not None and floor > 1 else None, floor)
 
 
 def matching_ids(conn: Conn, flt: JobFilter, states: tuple[str, ...], *,

@@ -6,16 +6,22 @@
 
 -- name: console_jobs_page
 -- One page of jobs, newest first, by keyset (`before`: the smallest id of the previous
--- page), filtered by state, queue, job name and args containment (`args @> ...`). The
--- columns are job_get's, so rows read into admin.JobRow.
+-- page), filtered by state, queue, job name and args containment (`args @> ...`), at ids
+-- of at least `floor` when given (a filter no index serves searches a window of ids per
+-- page). The columns are job_get's, so rows read into admin.JobRow.
 SELECT * FROM atlantis.job_rows
  WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
+   AND (%(floor)s::bigint IS NULL OR id >= %(floor)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(job)s::text IS NULL OR job = %(job)s)
    AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
  ORDER BY id DESC
  LIMIT %(limit)s
+
+-- name: console_max_id
+-- The newest job's id (0 when there is none), through the primary key.
+SELECT coalesce(max(id), 0) AS id FROM atlantis.jobs
 
 -- name: console_job_ids
 -- The ids a bulk action "by filter" acts on (the same filters as console_jobs_page, and

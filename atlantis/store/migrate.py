@@ -94,7 +94,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA atlantis FROM PUBLIC;"""
 # What each role may do in this database. The SECURITY DEFINER functions (migration 0008)
 # are the only way an enqueuer or an operator writes.
 _READ_FUNCTIONS: LiteralString = (
-    "atlantis.stalled(atlantis.jobs), atlantis.stall_after(text, interval)"
+    "atlantis.stalled(atlantis.jobs), atlantis.stall_after(text, interval),"
+    " atlantis.queue_counts(bigint), atlantis.oldest_due(text)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.

@@ -53,6 +53,7 @@ class Queries:
     retention_prune_schedule_runs: LiteralString
     # console.sql (the web console)
     console_jobs_page: LiteralString
+    console_max_id: LiteralString
     console_job_ids: LiteralString
     console_ids_in_states: LiteralString
     console_delete_finished: LiteralString
