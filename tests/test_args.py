@@ -416,3 +416,87 @@ def test_values_app_helpers_describe_what_a_handler_got() -> None:
     ]  # fmt: skip
     assert type_name(None) == "NoneType"
     assert (depth(1), depth([]), depth({"a": [1]}), depth(nested(64))) == (0, 1, 2, 64)
+
+
+# ---- the set-based check of a batch (migration 0011) -----------------------------------------
+
+def _deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+TYPED_VALID: list[Any] = [
+    {"name": "a"},
+    {"name": "abcdefgh", "count": 5, "big": 9007199254740993, "ratio": 1.5, "amount": 12.25},
+    {"name": "x", "flag": True, "id": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+     "at": "2026-01-01T00:00:00Z", "day": "2026-01-02", "extra": {"a": [1, {"b": None}]},
+     "tags": ["a", None, "b"]},
+    {"name": "x", "count": None, "tags": None, "extra": None},
+    {"name": "x", "count": 2147483647, "big": -9223372036854775808, "ratio": 1e308},
+    {"name": "x", "count": 3.0, "extra": _deep(63), "tags": []},
+]
+TYPED_INVALID: list[Any] = [
+    {}, {"name": None}, {"name": "123456789"}, {"name": 5}, {"name": "x", "count": 1.5},
+    {"name": "x", "count": 2147483648}, {"name": "x", "count": "1"}, {"name": "x", "ratio": "1"},
+    {"name": "x", "flag": 1}, {"name": "x", "id": "nope"}, {"name": "x", "at": "soon"},
+    {"name": "x", "day": "2026-13-01"}, {"name": "x", "tags": "a"}, {"name": "x", "tags": [1]},
+    {"name": "x", "other": 1}, [1], 5, "s", None, {"name": "x", "extra": _deep(70)},
+    {"name": "x", "big": 9223372036854775808},
+]
+
+
+def _check_args(db: psycopg.Connection[Any], job: str, args: Any) -> Any:
+    """What atlantis.check_args, the row-by-row check, makes of ``args``: its result or its
+    error message."""
+    try:
+        with db.transaction():
+            row = db.execute("SELECT atlantis.check_args(atlantis.job_type(%s), %s::jsonb)",
+                             (job, orjson.dumps(args).decode())).fetchone()
+    except psycopg.DatabaseError as exc:
+        assert exc.diag.sqlstate == "ATL02", exc
+        return ("error", str(exc.diag.message_primary))
+    assert row is not None
+    return row[0]
+
+
+def _fast(db: psycopg.Connection[Any], job: str, batch: list[Any]) -> list[Any] | None:
+    row = db.execute("SELECT atlantis.fast_checked_args(atlantis.job_type(%s), %s::jsonb[])",
+                     (job, [orjson.dumps(a).decode() for a in batch])).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("args", TYPED_VALID + TYPED_INVALID)
+def test_the_batch_check_accepts_exactly_what_the_row_check_accepts(
+    db: psycopg.Connection[Any], args: Any
+) -> None:
+    expected = _check_args(db, "tests.Typed", args)
+    fast = _fast(db, "tests.Typed", [args] * 8)
+    if isinstance(expected, tuple):
+        assert fast is None  # refused: the row check then names the field
+    else:
+        assert fast == [expected] * 8  # defaults filled in the same way
+
+
+def test_one_bad_row_in_a_batch_gets_the_row_checks_error_and_nothing_is_written(
+    db: psycopg.Connection[Any]
+) -> None:
+    cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("tests.Echo", {"key": "k"}, {"key": "k", "other": 1}),
+        ("tests.Typed", {"name": "n"}, {"name": "n", "count": "2"})]
+    for job, good, bad in cases:
+        before = db.execute("SELECT count(*) FROM atlantis.jobs").fetchone()
+        rows = [{**good, **({"key": f"k{i}"} if "key" in good else {"name": f"n{i}"})}
+                for i in range(20)]
+        rows[13] = bad
+        message = _check_args(db, job, bad)[1]
+        with pytest.raises(ValidationError) as caught:
+            atlantis.enqueue_many(db, job, rows)
+        assert message in str(caught.value)
+        assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == before
+        ids = atlantis.enqueue_many(db, job, rows[:13] + rows[14:])
+        stored = [r[0] for r in db.execute(
+            "SELECT args FROM atlantis.jobs WHERE id = ANY(%s) ORDER BY id", (ids,))]
+        assert stored == [_check_args(db, job, r) for r in rows[:13] + rows[14:]]

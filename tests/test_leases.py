@@ -375,3 +375,57 @@ def test_claim_orders_by_priority_across_queues(db: psycopg.Connection[Any]) -> 
                                 "limit": 5, "worker": "w1"}).fetchall()
     assert [r[0] for r in rows] == [low]  # the delayed one waits for its run_at
     assert job_row(db, later)["state"] == "available"
+
+
+# ---- claiming ahead ---------------------------------------------------------------------------
+
+def _attempt_workers(conn: psycopg.Connection[Any], ids: list[int]) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT job_id, worker, outcome, child_pid IS NOT NULL"
+                        "  FROM atlantis.attempts WHERE job_id = ANY(%s) ORDER BY job_id",
+                        (ids,)).fetchall()
+
+
+def test_rows_claimed_ahead_are_given_back_behind_a_long_attempt(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """A supervisor that claims ahead (its attempts were short) and then runs a long one
+    gives the rows it held back within the hold; another supervisor runs them meanwhile.
+    A row given back before any child ran it leaves no attempt in the timeline."""
+    first = supervise("--claim-ahead", "4", concurrency=1)
+    warm = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"w{i}"} for i in range(30)])
+    for job_id in warm:
+        wait_state(db, job_id, "complete")
+    long_id = atlantis.enqueue(db, "tests.Sleep", {"key": "long", "seconds": 40.0}, priority=-1)
+    quick = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"q{i}"} for i in range(4)])
+    wait_state(db, long_id, "running")
+    # Whatever the first supervisor held behind the long attempt goes back, unspent.
+    wait_for(lambda: all(job_row(db, q)["state"] == "available" for q in quick),
+             message="the held rows to be given back")
+    assert all(job_row(db, q)["attempt"] == 0 for q in quick)
+    other = supervise(concurrency=2)
+    for job_id in quick:
+        wait_state(db, job_id, "complete")
+    assert job_row(db, long_id)["state"] == "running"  # the quick ones did not wait for it
+    workers = _attempt_workers(db, quick)
+    assert len(workers) == 4 and all(w[1].split(":")[1] == str(other.pid) for w in workers)
+    assert all(w[2] == "complete" and w[3] for w in workers)
+    assert "rows claimed ahead: no child was free" in first.log()
+    first.stop()
+
+
+def test_a_drain_gives_held_rows_back_unspent(db: psycopg.Connection[Any],
+                                              supervise: Any) -> None:
+    sup = supervise("--claim-ahead", "8", concurrency=2)
+    ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"d{i}"} for i in range(400)])
+    wait_for(lambda: db.execute("SELECT count(*) FROM atlantis.jobs WHERE state = 'complete'"
+                                ).fetchone()[0] >= 40, message="some jobs to complete")  # type: ignore[index]
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    rows = db.execute("SELECT state, attempt, count(*) FROM atlantis.jobs WHERE id = ANY(%s)"
+                      " GROUP BY 1, 2 ORDER BY 1", (ids,)).fetchall()
+    states = {(state, attempt): n for state, attempt, n in rows}
+    assert set(states) <= {("available", 0), ("complete", 1)}, states
+    assert sum(states.values()) == 400
+    timeline = db.execute("SELECT outcome, count(*) FROM atlantis.attempts WHERE job_id = ANY(%s)"
+                          " GROUP BY 1", (ids,)).fetchall()
+    assert dict(timeline) == {"complete": states[("complete", 1)]}

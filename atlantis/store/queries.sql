@@ -154,6 +154,8 @@ WITH r AS (
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.error_kind END,
            done.log_lines, done.log_dropped
       FROM done
+     -- A row given back before any child ran it (claimed ahead) had no attempt.
+     WHERE NOT (done.label = 'release' AND done.child_pid IS NULL)
 ), note AS MATERIALIZED (
     -- Watchers (the console) hear which jobs changed state: one NOTIFY per statement.
     SELECT CASE WHEN count(*) > 0 THEN pg_notify('atlantis_progress', json_agg(id)::text) END

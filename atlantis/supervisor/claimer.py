@@ -1,9 +1,17 @@
-"""The claimer: claims as many rows as there are idle children, and hands them out.
+"""The claimer: claims rows for idle children, and a few ahead of need, and hands them out.
 
 One statement claims for every idle child at once (a materialized CTE with SKIP LOCKED,
 in a transaction so that a claim delivered late is rolled back). It wakes on NOTIFY, on a
 child becoming idle, and polls as a fallback. Rows of a claim whose answer was lost (the
 COMMIT went through, its reply did not) are given back at the next round.
+
+Claiming ahead: while attempts are short, a claim also takes up to ``--claim-ahead`` rows
+for children that are still busy (``rt.held``). The pool starts one the moment a child is
+free, without waiting for a round trip, and claims come in bigger batches. A held row is
+``running`` in the database, so the window is bounded: rows are held only while attempts
+typically take under half of ``claim_ahead_hold`` (1 s), and a row no child took within
+that time (or a quarter of its heartbeat, if shorter) is given back at once, unspent. A
+long attempt therefore never keeps a row from another supervisor for longer than that.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.pool import Pool
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -34,6 +43,9 @@ class Claimer(Service):
         self.completer = completer
         self.jobs = jobs
         self._orphans_possible = False
+        self._held_went_stale = False
+        """Held rows went stale: hold none until an attempt ends (a child is free)."""
+        self._stale_at = 0
 
     def loops(self) -> list[Loop]:
         return [self._claim_loop]
@@ -44,13 +56,17 @@ class Claimer(Service):
         while not rt.draining:
             if failures:
                 await asyncio.sleep(policy.backoff(0.1, failures, cap=2.0))
+            wait = rt.settings.poll_interval
+            if rt.held:  # come back in time to give a stale one back
+                wait = min(wait, rt.settings.claim_ahead_hold / 4)
             try:
-                await asyncio.wait_for(rt.wake.wait(), rt.settings.poll_interval)
+                await asyncio.wait_for(rt.wake.wait(), wait)
             except TimeoutError:
                 pass
             rt.wake.clear()
             if rt.draining:
                 return
+            self.give_back_held(stale_only=True)
             try:
                 if self._orphans_possible:
                     await self._release_orphans()
@@ -66,36 +82,77 @@ class Claimer(Service):
                 continue
             failures = 0
 
+    def _ahead(self) -> int:
+        """How many rows to hold ahead of need now: none until attempts proved short."""
+        rt = self.rt
+        typical = rt.typical_attempt
+        if typical is None or typical >= rt.settings.claim_ahead_hold / 2 or self._held_went_stale:
+            return 0
+        return rt.settings.ahead
+
+    def give_back_held(self, *, stale_only: bool = False) -> None:
+        """Give held rows back (unspent): the stale ones, or all of them (a drain)."""
+        rt = self.rt
+        now = rt.now()
+        keep = []
+        for a in rt.held:
+            hold = min(rt.settings.claim_ahead_hold, a.heartbeat / 4)
+            if stale_only and now - a.renewed_at < hold:
+                keep.append(a)
+            else:
+                self.completer.record(a, policy.RELEASE)
+        given = len(rt.held) - len(keep)
+        rt.held.clear()
+        rt.held.extend(keep)
+        if given and stale_only:
+            # Every child is busy with something longer: claim no more ahead until one is free.
+            self._held_went_stale = True
+            self._stale_at = rt.attempts_ended
+            log.info("gave back %d rows claimed ahead: no child was free within %s",
+                     given, format_duration(rt.settings.claim_ahead_hold))
+
     async def _claim(self) -> None:
         rt = self.rt
+        if self._held_went_stale and rt.attempts_ended != self._stale_at:
+            self._held_went_stale = False  # an attempt ended since: a child is free again
+        self.pool.feed()
         idle = len(self.pool.idle())
+        want = idle + self._ahead() - len(rt.held)
         queues = [q for q in rt.settings.queues if q not in rt.paused]
-        if not idle or not queues:
+        if want <= 0 or not queues:
             return
         # In a transaction: a claim abandoned on a link that delivers it late is rolled back.
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
         rows = await self.db.fetch_rows(ClaimedRow, Q.claim, {
-            "queues": queues, "jobs": self.jobs, "limit": idle,
+            "queues": queues, "jobs": self.jobs, "limit": want,
             "worker": rt.worker_id,
         }, timeout=rt.settings.claim_timeout, transaction=True)
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at
         for row in rows:
             self._dispatch(row, t0)
-        if rows and len(rows) == idle:
+        self.pool.feed()
+        if rows and len(rows) == want:
             rt.wake.set()  # more work may be waiting
 
     def _dispatch(self, row: ClaimedRow, t0: float) -> None:
+        rt = self.rt
         a = Attempt(row=row, lease_end=t0 + row.heartbeat, renewed_at=t0)
-        self.rt.in_flight[row.id] = a
-        if not self.pool.assign(a):  # a child died while we claimed: give the row back now
+        if rt.draining:  # claimed as the drain began: give it back now
             self.completer.record(a, policy.RELEASE)
+            return
+        if not rt.held and self.pool.idle():
+            rt.in_flight[row.id] = a
+            self.pool.assign(a)
+        else:  # every child is busy (or one died while we claimed): the next free one starts it
+            rt.held.append(a)
 
     async def _release_orphans(self) -> None:
         """Give back rows claimed by a claim whose answer never arrived (see the query)."""
         rt = self.rt
         # Lost attempts did run: their rows are left to be rescued as failures, not released.
-        known = [*rt.in_flight, *(a.job_id for a in self.completer.pending), *rt.lost_ids]
+        known = [*rt.in_flight, *(a.job_id for a in rt.held),
+                 *(a.job_id for a in self.completer.pending), *rt.lost_ids]
         rows = await self.db.fetch_rows(ReleasedRow, Q.release_orphans,
                                         {"worker": rt.worker_id, "known": known}, timeout=5)
         if rows:

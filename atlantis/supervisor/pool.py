@@ -145,6 +145,16 @@ class Pool:
 
     # ---- attempts -------------------------------------------------------------------------
 
+    def feed(self) -> None:
+        """Start rows claimed ahead (``rt.held``) in idle children, oldest first."""
+        rt = self.rt
+        while rt.held and not rt.draining:
+            if not any(c.state == "idle" for c in self.children):
+                return
+            a = rt.held.popleft()
+            rt.in_flight[a.job_id] = a
+            self.assign(a)
+
     def assign(self, a: Attempt) -> bool:
         """Start ``a`` in an idle child; False if none is idle."""
         child = next(iter(self.idle()), None)
@@ -211,6 +221,7 @@ class Pool:
                             if c.state == "idle" and c.generation != self.generation), None)
                 if old is not None:
                     self.retire(old)
+                self.feed()
             rt.wake.set()
             return
         if isinstance(msg, Fatal):
@@ -230,8 +241,13 @@ class Pool:
         self._done(child, a, msg)
 
     def _done(self, child: Child, a: Attempt, msg: Done) -> None:
-        s = self.rt.settings
+        rt = self.rt
+        s = rt.settings
         child.jobs_run += 1
+        rt.attempts_ended += 1
+        took = rt.now() - a.started
+        rt.typical_attempt = took if rt.typical_attempt is None else (
+            0.9 * rt.typical_attempt + 0.1 * took)
         if msg.leftovers:
             log.warning("%s: the handler returned but left work running: %s; terminated it",
                         a.tag(), policy.clip("; ".join(msg.leftovers), 4096), extra=a.log_extra())
@@ -245,6 +261,7 @@ class Pool:
         self._end(child, a, policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
                                           cancelled=a.cancelling))
         self.ensure()
+        self.feed()
         self.rt.wake.set()
 
     def on_protocol_error(self, child: Child, why: str) -> None:

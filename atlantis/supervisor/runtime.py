@@ -11,6 +11,7 @@ import asyncio
 import os
 import secrets
 import socket
+from collections import deque
 from dataclasses import dataclass, field
 
 from atlantis.supervisor.attempts import Attempt
@@ -34,6 +35,15 @@ class Runtime:
     notifier: Notifier = field(default_factory=Notifier)
     health: Health = field(default_factory=Health)
     in_flight: dict[int, Attempt] = field(default_factory=dict)
+    held: deque[Attempt] = field(default_factory=deque)
+    """Rows claimed ahead of need (not in flight yet): the next idle child starts the first.
+    Their leases are not renewed: each is started or given back within claim_ahead_hold,
+    well inside its first lease."""
+    typical_attempt: float | None = None
+    """A moving average of how long attempts take (seconds): rows are claimed ahead only
+    while it is short."""
+    attempts_ended: int = 0
+    """Attempts that ended in a child so far (a child became free)."""
     lost_ids: set[int] = field(default_factory=set)
     """Jobs whose attempt lost its lease: never released, left to be rescued."""
     draining: bool = False

@@ -47,6 +47,10 @@ class Settings:
                              default=10.0)
     isolation: str = _opt("choice", "reuse: long-lived children; fresh: a new process per attempt.",
                           default="reuse", choices=("reuse", "fresh"))
+    claim_ahead: int | None = _opt(
+        "int", "Rows claimed ahead of need, started the moment a child is free, while attempts "
+        "are short (typically under half of 1s); a row no child took within 1s is given back "
+        "(0: off). Default: --concurrency.", default=None)
     max_jobs_per_child: int = _opt("int", "Recycle a reused child after N attempts (0: never).",
                                    default=0)
     max_memory_per_child: int = _opt("size", "Kill a child whose resident memory passes this, "
@@ -112,6 +116,10 @@ class Settings:
                                  default=30 * DAY)
     retention_interval: float = _opt("duration", "How often finished jobs are pruned (one "
                                      "supervisor at a time).", default=60.0, hidden=True)
+    claim_ahead_hold: float = _opt("duration", "A row claimed ahead that no child took within "
+                                   "this is given back; rows are claimed ahead only while "
+                                   "attempts typically take under half of it.",
+                                   default=1.0, hidden=True)
     schedule_interval: float = _opt("duration", "How often schedules are checked for a due slot.",
                                     default=1.0, hidden=True)
     schedule_grace: float = _opt("duration", "A schedule slot first seen later than this after "
@@ -125,16 +133,21 @@ class Settings:
             raise ConfigurationError("--concurrency must be at least 1")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata["kind"] in ("int", "size") and value < 0:
+            if f.metadata["kind"] in ("int", "size") and value is not None and value < 0:
                 raise ConfigurationError(f"{option_name(f)} must not be negative")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
                      "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
-                     "cancel_poll", "pause_poll", "log_flush_interval"):
+                     "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self
+
+    @property
+    def ahead(self) -> int:
+        """How many rows may be claimed ahead of need at most (``--claim-ahead``)."""
+        return self.concurrency if self.claim_ahead is None else self.claim_ahead
 
     @property
     def child_database_url(self) -> str:

@@ -123,6 +123,7 @@ class Supervisor:
     async def _drain(self) -> None:
         rt = self.rt
         rt.draining = True
+        self.claimer.give_back_held()
         rt.wake.set()
         rt.notifier.notify("STOPPING=1", self.upkeep.status())
         log.info("draining: %d attempts in flight, waiting up to %s", len(rt.in_flight),
