@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -33,8 +32,7 @@ import psycopg
 import atlantis
 from atlantis.app import load_app
 from atlantis.store import migrate, sync
-from atlantis.store.database import resolve_url
-from benchmarks.compare import url_for
+from benchmarks.scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "benchmarks.app:registry"
@@ -149,13 +147,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     opts = parser.parse_args()
-    admin = resolve_url(None)
-    name = f"atl_hot_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # benchmark-made name, not user input
-    url = url_for(admin, name)
     results: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    try:
+    with scratch_database("atl_hot") as url:
         with psycopg.connect(url) as conn:
             migrate(conn)
             sync(conn, list(load_app(APP).decls.values()))
@@ -164,9 +157,6 @@ def main() -> None:
             for console in (False, True):
                 results[console].append(drain(url, opts.jobs, opts.concurrency, console))
                 print(f"  console={console}: {results[console][-1]}", file=sys.stderr)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"\n{opts.jobs:,} no-op jobs, --concurrency {opts.concurrency}, "
           f"{opts.rounds} runs each (median), {os.cpu_count()} cores\n")
     print("| console | jobs/s | supervisor+children CPU ms/job | console CPU ms/job | "

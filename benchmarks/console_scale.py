@@ -18,13 +18,11 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 
 import psycopg
 
-from atlantis.store.database import resolve_url
 from atlantis.store.migrate import migrate
-from benchmarks.compare import url_for
+from benchmarks.scratch import scratch_database
 
 # Every row the benchmark writes, as one INSERT ... SELECT per kind (the benchmark's own SQL:
 # it fabricates a history no supervisor wrote).
@@ -121,12 +119,7 @@ def main() -> None:
     from atlantis.console.app import create_app
     from atlantis.console.settings import Settings
 
-    admin = resolve_url(None)
-    dbname = f"atl_console_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')  # benchmark-made name, not user input
-    url = url_for(admin, dbname)
-    try:
+    with scratch_database("atl_console") as url:
         print(f"filling {opts.rows:,} rows", file=sys.stderr)
         running = fill(url, opts.rows)
         settings = Settings(url, allowed_hosts=None)
@@ -140,16 +133,12 @@ def main() -> None:
                     if response.status_code != 200:
                         raise SystemExit(f"{path}: {response.status_code} {response.text[:200]}")
                     times.setdefault(name, []).append(elapsed * 1000)
-        print(f"\n{opts.rows:,} rows in atlantis.jobs, {opts.repeat} renders each\n")
-        print("| page | median ms | worst ms |")
-        print("| --- | --- | --- |")
-        for name, _ in PAGES:
-            values = times[name]
-            print(f"| {name} | {statistics.median(values):.1f} | {max(values):.1f} |")
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-
+    print(f"\n{opts.rows:,} rows in atlantis.jobs, {opts.repeat} renders each\n")
+    print("| page | median ms | worst ms |")
+    print("| --- | --- | --- |")
+    for name, _ in PAGES:
+        values = times[name]
+        print(f"| {name} | {statistics.median(values):.1f} | {max(values):.1f} |")
 
 if __name__ == "__main__":
     main()
