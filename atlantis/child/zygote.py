@@ -19,6 +19,7 @@ ends at EOF on its socket; its workers die with it (parent-death signal).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import select
@@ -186,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"the app starts threads at import ({', '.join(threads)})"
             _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
             return 0
+        # Everything imported so far is shared with the workers copy-on-write. A collection
+        # in a worker would walk (and so write to, and copy) every one of those objects:
+        # moved to a generation the collector never visits, they stay shared.
+        gc.collect()
+        gc.freeze()
         _send(sock, ZygoteReady(pid=os.getpid()))
         return _serve(sock, registry)
     except SupervisorGoneError:

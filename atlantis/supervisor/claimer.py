@@ -117,7 +117,10 @@ class Claimer(Service):
             self._held_went_stale = False  # an attempt ended since: a child is free again
         self.pool.feed()
         idle = len(self.pool.idle())
-        want = idle + self._ahead() - len(rt.held)
+        ahead = self._ahead()
+        if not idle and len(rt.held) > ahead // 2:
+            return  # enough held: top up in batches, not one row per finished attempt
+        want = idle + ahead - len(rt.held)
         queues = [q for q in rt.settings.queues if q not in rt.paused]
         if want <= 0 or not queues:
             return
