@@ -60,6 +60,8 @@ class SupervisorFate:
     alive_at_end: bool
     stop_code: int | None = None
     """Its exit code after the final SIGTERM (None if it was not alive to receive it)."""
+    exit_code: int | None = None
+    """How it ended, as ``subprocess`` says (-N: killed by signal N)."""
 
 
 @dataclass
@@ -197,7 +199,7 @@ def check_supervisors(h: History) -> Result:
     dead = [s for s in spared if not s.alive_at_end]
     unclean = [s for s in spared if s.alive_at_end and s.stop_code != 0]
     killed = len(h.supervisors) - len(spared)
-    bad = [f"{s.name} died though never killed" for s in dead]
+    bad = [f"{s.name} died though never killed (exit code {s.exit_code})" for s in dead]
     bad += [f"{s.name} exited {s.stop_code} on SIGTERM" for s in unclean]
     return Result("every supervisor not killed is alive (and stops cleanly)", not bad,
                   f"{len(spared) - len(dead)}/{len(spared)} alive, {killed} killed and replaced",

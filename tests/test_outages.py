@@ -364,6 +364,25 @@ def test_waits_for_a_database_that_is_not_up_yet(
     assert sup.wait() == 0
 
 
+def test_a_sighup_while_it_waits_for_the_database_does_not_kill_it(
+    db_url: str, db: psycopg.Connection[Any], proxy: Proxy, start: Callable[..., Supervisor]
+) -> None:
+    """Found by the chaos run: a SIGHUP (a reload, a deploy) that came before the event
+    loop's handler was installed killed the supervisor (SIGHUP's default action). There are
+    no children yet to replace: the ones started later import the app afresh anyway."""
+    proxy.stop()
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "hup-at-start"})
+    sup = start(proxy.url(db_url), "--startup-timeout", "30s")
+    wait_for(lambda: "waiting for the database" in sup.log(), timeout=10,
+             message="the supervisor to say it waits")
+    sup.signal(signal.SIGHUP)
+    proxy.start()
+    wait_state(db, job_id, "complete", timeout=30)
+    assert _alive(sup), sup.log()
+    sup.signal(signal.SIGTERM)
+    assert sup.wait() == 0
+
+
 def test_gives_up_on_an_unreachable_database_after_the_startup_timeout(
     db_url: str, proxy: Proxy, start: Callable[..., Supervisor]
 ) -> None:
