@@ -6,7 +6,8 @@ driver did and saw), so that the checks themselves are tested on histories made 
 The promises, from README.md and docs/architecture.md:
 
 - every job ends ``complete``, ``dead`` (only once its attempts are spent: every job of the
-  workload retries, none discards) or ``cancelled`` (only if an operator cancelled it);
+  workload retries, none discards) or ``cancelled`` (only if an operator cancelled it, and
+  always if the cancel was accepted: "a requested cancel always ends the job cancelled");
 - no row stays ``running`` after its lease: rescue finds it;
 - no two executions of one job overlap: a child that hears no renewal kills its own
   process group before the lease ends, "so it is dead before any other worker may claim
@@ -72,6 +73,8 @@ class History:
     """Job id -> number of effect rows."""
     cancelled: set[int]
     """Jobs the driver asked to cancel."""
+    cancel_accepted: set[int] = field(default_factory=set)
+    """Jobs whose cancel ``tide`` accepted (exit 0): they must end cancelled."""
     orphans: list[str] = field(default_factory=list)
     """Processes of the run that survived their supervisor (described)."""
     supervisors: list[SupervisorFate] = field(default_factory=list)
@@ -142,11 +145,14 @@ def check_dead(h: History) -> Result:
 
 
 def check_cancelled(h: History) -> Result:
-    cancelled = [j for j in h.jobs if j.state == "cancelled"]
-    bad = [j for j in cancelled if j.id not in h.cancelled]
-    return Result("cancelled only if cancelled", not bad,
-                  f"{len(h.cancelled)} cancels asked, {len(cancelled)} jobs cancelled",
-                  _examples(f"job {j.id} cancelled, never asked" for j in bad))
+    states = {j.id: j.state for j in h.jobs}
+    cancelled = [i for i, state in states.items() if state == "cancelled"]
+    bad = [f"job {i} cancelled, never asked" for i in cancelled if i not in h.cancelled]
+    bad += [f"job {i} {states.get(i)}, though its cancel was accepted"
+            for i in sorted(h.cancel_accepted) if states.get(i) != "cancelled"]
+    return Result("cancelled if and only if a cancel was accepted", not bad,
+                  f"{len(h.cancelled)} cancels asked, {len(h.cancel_accepted)} accepted, "
+                  f"{len(cancelled)} jobs cancelled", _examples(bad))
 
 
 def check_stuck(h: History) -> Result:

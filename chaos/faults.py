@@ -40,6 +40,8 @@ class Faults:
         self.notes: Counter[str] = Counter()
         self.cancelled: set[int] = set()
         """Every job a cancel was asked for (whether or not the command went through)."""
+        self.cancel_accepted: set[int] = set()
+        """The jobs whose ``tide job cancel`` exited 0."""
         self.paused = False
         self._undo: list[tuple[float, Callable[[], None]]] = []
 
@@ -99,7 +101,9 @@ class Faults:
 
     def _reap(self, *, wait: bool = False) -> None:
         for args, code, err in self.cluster.reap_tides(wait=wait):
-            if code != 0 and "nothing to cancel" in err:
+            if code == 0 and args[:2] == ["job", "cancel"]:
+                self.cancel_accepted.add(int(args[2]))
+            elif code != 0 and "nothing to cancel" in err:
                 self.notes["cancel_too_late"] += 1  # the job finished first
             elif code != 0:
                 self.notes["tide_failed"] += 1

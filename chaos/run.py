@@ -141,7 +141,7 @@ def settle(cluster: Cluster, seconds: float) -> bool:
     return False
 
 
-def read_history(cluster: Cluster, cancelled: set[int]) -> check.History:
+def read_history(cluster: Cluster, faults: Faults) -> check.History:
     with psycopg.connect(cluster.db_url, autocommit=True) as conn:
         jobs = [check.JobRow(*r) for r in conn.execute(
             "SELECT id, job, state, attempt, max_attempts, "
@@ -152,7 +152,8 @@ def read_history(cluster: Cluster, cancelled: set[int]) -> check.History:
         ).fetchall()]
         effects = {int(r[0]): int(r[1]) for r in conn.execute(
             "SELECT job_id, count(*) FROM chaos_effects GROUP BY job_id").fetchall()}
-    return check.History(jobs, events, effects, set(cancelled))
+    return check.History(jobs, events, effects, set(faults.cancelled),
+                         set(faults.cancel_accepted))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         alive = {id(i) for i in cluster.live()}
         cluster.stop_supervisors()
         orphans += [o for o in cluster.orphans() if o not in orphans]
-        history = read_history(cluster, faults.cancelled)
+        history = read_history(cluster, faults)
         history.orphans = orphans
         history.supervisors = [
             check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode)

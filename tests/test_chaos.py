@@ -79,9 +79,12 @@ def test_states_retries_and_cancels_are_checked() -> None:
     assert "dead only after all its retries, none past them" not in failed(
         history(jobs=[JobRow(1, "chaos.Doomed", "dead", 3, 3, False)], effects={}))
     unasked = history(jobs=[JobRow(1, "chaos.Work", "cancelled", 2, 13, False)], effects={})
-    assert "cancelled only if cancelled" in failed(unasked)
+    assert "cancelled if and only if a cancel was accepted" in failed(unasked)
     unasked.cancelled = {1}
     assert failed(unasked) == set()
+    # A cancel that was accepted must end the job cancelled, whatever the attempt did.
+    ignored = history(cancelled={1}, cancel_accepted={1})
+    assert "cancelled if and only if a cancel was accepted" in failed(ignored)
     assert "none stuck running after its lease" in failed(
         history(jobs=[JobRow(1, "chaos.Work", "running", 2, 13, True)]))
 
