@@ -91,7 +91,7 @@ class Producer:
                 doomed.append({"ticks": rng.randint(1, 2), "tick_ms": 10})
             elif r < 0.10:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": 10, "fail": "first"})
-            elif r < 0.14:
+            elif r < 0.17:
                 work.append({"ticks": rng.randint(10, 25), "tick_ms": rng.randint(100, 150)})
             else:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
