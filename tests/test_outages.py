@@ -15,12 +15,9 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,8 @@ import psycopg
 import pytest
 
 import atlantis
+from chaos.proxy import Proxy, upstream_socket
+from chaos.server import OwnServer
 from tests.conftest import (
     TEST_APP,
     Supervisor,
@@ -38,68 +37,19 @@ from tests.conftest import (
     wait_for,
     wait_state,
 )
-from tests.proxy import Proxy, upstream_socket
 
 # ---- fixtures -------------------------------------------------------------------------------
 
 
-@dataclass
-class OwnServer:
-    """An embedded PostgreSQL this module may stop and start at will."""
-
-    pgdata: Path
-    socket_dir: str
-    log: Path
-    system_user: str | None
-    admin_url: str
-    template: str = "atl_outages"
-
-    def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        # As pgserver does: run as the server's own system user when we are root, and keep
-        # pg_ctl's output out of pipes (the postmaster inherits them and would hold them open).
-        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       user=self.system_user, timeout=30)
-
-    def stop(self) -> None:
-        """Fast shutdown: every session is terminated, as in a restart under systemd."""
-        self._pg_ctl("-w", "-m", "fast", "stop")
-
-    def start(self) -> None:
-        self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.log), "start")
-
-    def running(self) -> bool:
-        try:
-            self._pg_ctl("status")
-        except subprocess.CalledProcessError:
-            return False
-        return True
+#: The template database of this module's own server.
+OWN_TEMPLATE = "atl_outages"
 
 
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[OwnServer]:
-    home = Path(tempfile.mkdtemp(prefix="atl-o", dir="/tmp"))  # short: unix sockets < 100 bytes
-    home.chmod(0o755)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pgserver.postgres_server import get_server
-
-        server = get_server(home / "pgdata", cleanup_mode="delete")
-    admin_url = str(server.get_uri())
-    own = OwnServer(pgdata=Path(server.pgdata), socket_dir=str(psycopg.conninfo.conninfo_to_dict(admin_url)["host"]),
-                    log=Path(server.log), system_user=server.system_user, admin_url=admin_url)
-    try:
-        prepare_template(admin_url, own.template)
+    with OwnServer.create(prefix="atl-o") as own:
+        prepare_template(own.admin_url, OWN_TEMPLATE)
         yield own
-    finally:
-        # pgserver remembers the postmaster it started; after a restart that one is gone and
-        # its cleanup would not stop the new one, so stop whatever runs now ourselves.
-        if own.running():
-            own.stop()
-        server.cleanup()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 _counter = iter(range(1_000_000))
@@ -112,7 +62,7 @@ def own_db(own_server: OwnServer) -> Iterator[str]:
         own_server.start()
     name = f"o_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(own_server.admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {own_server.template}")
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {OWN_TEMPLATE}")
     yield url_for(own_server.admin_url, name)
     if not own_server.running():
         own_server.start()
@@ -410,6 +360,25 @@ def test_waits_for_a_database_that_is_not_up_yet(
     assert _alive(sup)
     proxy.start()
     wait_state(db, job_id, "complete", timeout=30)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait() == 0
+
+
+def test_a_sighup_while_it_waits_for_the_database_does_not_kill_it(
+    db_url: str, db: psycopg.Connection[Any], proxy: Proxy, start: Callable[..., Supervisor]
+) -> None:
+    """Found by the chaos run: a SIGHUP (a reload, a deploy) that came before the event
+    loop's handler was installed killed the supervisor (SIGHUP's default action). There are
+    no children yet to replace: the ones started later import the app afresh anyway."""
+    proxy.stop()
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "hup-at-start"})
+    sup = start(proxy.url(db_url), "--startup-timeout", "30s")
+    wait_for(lambda: "waiting for the database" in sup.log(), timeout=10,
+             message="the supervisor to say it waits")
+    sup.signal(signal.SIGHUP)
+    proxy.start()
+    wait_state(db, job_id, "complete", timeout=30)
+    assert _alive(sup), sup.log()
     sup.signal(signal.SIGTERM)
     assert sup.wait() == 0
 

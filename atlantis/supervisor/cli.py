@@ -65,6 +65,10 @@ def main(**values: Any) -> None:
     early: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: early.append(signum))
+    # A reload before the loop runs has nothing to replace: the children, started later,
+    # import the app afresh. Without a handler, SIGHUP's default action would end us (a
+    # handler, not SIG_IGN, which children would inherit).
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
     logs.setup(values.get("log_format") or "text")
     try:
         settings = from_options(values)

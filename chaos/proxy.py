@@ -1,9 +1,9 @@
-"""A TCP proxy in front of PostgreSQL that a test can cut, restore or freeze.
+"""A TCP proxy in front of PostgreSQL that a test or the chaos run can cut, restore or freeze.
 
 The embedded server listens on a unix socket only; the proxy listens on 127.0.0.1 and
 forwards every connection to that socket, so a supervisor given the proxy's URL loses its
-connections when the test says so, while the server itself (shared by the whole session)
-keeps running:
+connections when the test (or the chaos driver) says so, while the server itself keeps
+running:
 
 - :meth:`Proxy.stop` resets every connection (RST, no goodbye) and refuses new ones, as a
   crashed server or a dropped link would; :meth:`Proxy.start` listens again on the same port.
@@ -11,7 +11,8 @@ keeps running:
   on old and new connections alike: a half-open link, which only the client's own timeouts
   can notice. :meth:`Proxy.thaw` lets the held bytes through again.
 
-Threads, not asyncio: the tests are synchronous and the proxy must run while they block.
+Threads, not asyncio: the tests and the chaos driver are synchronous and the proxy must
+run while they block.
 """
 
 from __future__ import annotations

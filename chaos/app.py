@@ -1,0 +1,124 @@
+"""The chaos run's workload: idempotent handlers that record every execution.
+
+Each execution of a handler (one run of one attempt, named by a random ``run`` token)
+writes its history on the handler's own, direct connection (``--handler-database-url``,
+never through the driver's proxies), each row stamped by PostgreSQL's clock: ``start``,
+a ``tick`` per step of work, the ``effect`` and ``end`` (or ``fail``, ``cancelled``). The
+effect is a row of ``chaos_effects`` written only if the job has none yet: an idempotent
+handler, whose "exactly once" holds only if no two executions of one job overlap.
+
+While PostgreSQL restarts, a write is retried until it goes through: the handler blocks
+meanwhile, as a real one would, and its lease watchdog decides whether it may go on.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any
+
+import psycopg
+
+import atlantis
+
+registry = atlantis.Registry.from_atl("jobs.atl")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS chaos_history (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    attempt int NOT NULL,
+    run text NOT NULL,
+    pid int NOT NULL,
+    event text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS chaos_effects (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    run text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS chaos_effects_job ON chaos_effects (job_id);
+"""
+
+_EVENT = ("INSERT INTO chaos_history (job_id, attempt, run, pid, event) "
+          "VALUES (%(job)s, %(attempt)s, %(run)s, %(pid)s, %(event)s)")
+# Idempotent: the effect is written only if the job has none. No unique constraint backs it:
+# two executions of one job running at once could both write it, which the check would see.
+_EFFECT = """
+WITH ins AS (
+    INSERT INTO chaos_effects (job_id, run)
+    SELECT %(job)s, %(run)s WHERE NOT EXISTS (SELECT 1 FROM chaos_effects WHERE job_id = %(job)s)
+    RETURNING 1
+)
+INSERT INTO chaos_history (job_id, attempt, run, pid, event)
+SELECT %(job)s, %(attempt)s, %(run)s, %(pid)s,
+       CASE WHEN EXISTS (SELECT 1 FROM ins) THEN 'effect' ELSE 'effect-found' END
+"""
+RETRY_EVERY = 0.1
+
+_conn: psycopg.Connection[Any] | None = None
+
+
+def _write(url: str, query: Any, params: dict[str, Any]) -> None:
+    """Run one autocommit statement on this process's connection, retrying through outages."""
+    global _conn
+    while True:
+        try:
+            if _conn is None or _conn.closed:
+                _conn = psycopg.connect(url, autocommit=True, connect_timeout=5,
+                                        application_name="chaos-handler")
+            _conn.execute(query, params)
+            return
+        except psycopg.OperationalError:
+            if _conn is not None:
+                _conn.close()
+            _conn = None
+            time.sleep(RETRY_EVERY)
+
+
+class Execution:
+    """One run of one attempt of a job, as the history records it."""
+
+    def __init__(self, ctx: atlantis.JobContext) -> None:
+        assert ctx.database_url is not None
+        self.url = ctx.database_url
+        self.params: dict[str, Any] = {"job": ctx.job_id, "attempt": ctx.attempt,
+                                       "run": secrets.token_hex(8), "pid": os.getpid()}
+
+    def record(self, event: str) -> None:
+        _write(self.url, _EVENT, {**self.params, "event": event})
+
+    def effect(self) -> None:
+        _write(self.url, _EFFECT, self.params)
+
+
+def _work(ctx: atlantis.JobContext, ticks: int, tick_ms: int, fail: bool) -> None:
+    execution = Execution(ctx)
+    execution.record("start")
+    for i in range(ticks):
+        if ctx.cancelled:
+            execution.record("cancelled")
+            return  # the job ends cancelled
+        time.sleep(tick_ms / 1000)
+        ctx.checkpoint(100 * (i + 1) / ticks, f"tick {i + 1}/{ticks}")
+        execution.record("tick")
+    if fail:
+        execution.record("fail")
+        raise RuntimeError(f"job {ctx.job_id} fails in attempt {ctx.attempt}, as planned")
+    execution.effect()
+    execution.record("end")
+
+
+@registry.handler("chaos.Work")
+def work(ctx: atlantis.JobContext, args: Any) -> None:
+    """``fail``: ``never``, or ``first`` (the first attempt fails, the next ones succeed)."""
+    _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1)
+
+
+@registry.handler("chaos.Doomed")
+def doomed(ctx: atlantis.JobContext, args: Any) -> None:
+    """Fails every attempt: the job must end ``dead`` after exactly its retries."""
+    _work(ctx, args.ticks, args.tick_ms, fail=True)

@@ -1,0 +1,210 @@
+"""The faults: injected at random, each kind counted, each undone after a random while.
+
+A fault that lasts (a stopped supervisor, a frozen or cut proxy, a paused queue, a killed
+supervisor waiting for its replacement) schedules its own undoing; :meth:`Faults.calm`
+undoes all of them at once when the run's fault phase ends.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import psutil
+
+from chaos.cluster import QUEUE, Cluster, Instance
+
+HEARTBEAT = 2.0
+"""The workload's heartbeat, hence its lease (chaos/jobs.atl)."""
+
+WEIGHTS = {
+    "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
+    "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
+}
+"""How often each kind of fault is picked, relatively."""
+
+
+def say(text: str) -> None:
+    print(f"chaos: {text}", file=sys.stderr, flush=True)
+
+
+class Faults:
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.counts: Counter[str] = Counter()
+        self.notes: Counter[str] = Counter()
+        self.cancelled: set[int] = set()
+        """Every job a cancel was asked for (whether or not the command went through)."""
+        self.cancel_accepted: set[int] = set()
+        """The jobs whose ``tide job cancel`` exited 0."""
+        self.paused = False
+        self._undo: list[tuple[float, Callable[[], None]]] = []
+
+    def inject(self) -> None:
+        kinds = list(WEIGHTS)
+        kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        getattr(self, f"_{kind}")()
+
+    def tick(self, *, now: float | None = None) -> None:
+        """Undo the faults whose time has come; reap the ``tide`` commands that ended."""
+        now = time.monotonic() if now is None else now
+        due = [u for u in self._undo if u[0] <= now]
+        self._undo = [u for u in self._undo if u[0] > now]
+        for _, action in sorted(due, key=lambda u: u[0]):
+            action()
+        self._reap()
+
+    def calm(self) -> None:
+        """Undo every fault still in force: the server up, proxies forwarding, supervisors
+        running in every slot, the queue resumed."""
+        self.tick(now=float("inf"))
+        c = self.cluster
+        if not c.server.running():
+            c.server.start()
+        for slot in c.slots:
+            slot.proxy.start()
+            slot.proxy.thaw()
+        self._reap(wait=True)
+        c.tide("queue", "resume", QUEUE)
+        self._reap(wait=True)
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        """The table's fault rows: (what, how many, a note)."""
+        f, n = self.counts, self.notes
+        return [
+            ("kill -9 of a child (or zygote)", f["kill_child"], ""),
+            ("kill -9 of a supervisor, restarted", f["kill_supervisor"], ""),
+            ("SIGSTOP/SIGCONT of a supervisor", f["stop_supervisor"],
+             f"{n['stop_past_lease']} past the lease"),
+            ("PostgreSQL restart", f["restart_postgres"],
+             f"{n['restart_fast']} fast, {n['restart_immediate']} immediate"),
+            ("proxy: connections cut", f["cut"], ""),
+            ("proxy: half-open", f["half_open"], f"{n['half_open_past_lease']} past the lease"),
+            ("tide job cancel", f["cancel"], f"{n['cancel_too_late']} after the job finished"),
+            ("tide queue pause / resume", f["pause"], ""),
+            ("SIGHUP of a supervisor", f["sighup"], ""),
+        ]
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _later(self, delay: float, action: Callable[[], None]) -> None:
+        self._undo.append((time.monotonic() + delay, action))
+
+    def _pick(self, *, running: bool = True) -> Instance | None:
+        candidates = [i for i in self.cluster.live() if not (running and i.stopped)]
+        return self.rng.choice(candidates) if candidates else None
+
+    def _reap(self, *, wait: bool = False) -> None:
+        for args, code, err in self.cluster.reap_tides(wait=wait):
+            if code == 0 and args[:2] == ["job", "cancel"]:
+                self.cancel_accepted.add(int(args[2]))
+            elif code != 0 and "nothing to cancel" in err:
+                self.notes["cancel_too_late"] += 1  # the job finished first
+            elif code != 0:
+                self.notes["tide_failed"] += 1
+                say(f"tide {' '.join(args)} exited {code}: {err.strip()[-300:]}")
+
+    # ---- the faults ---------------------------------------------------------------------
+
+    def _kill_child(self) -> None:
+        sup = self._pick()
+        if sup is None:
+            return
+        try:
+            children = psutil.Process(sup.proc.pid).children(recursive=True)
+            if children:
+                self.rng.choice(children).kill()  # psutil refuses a pid reused meanwhile
+                self.counts["kill_child"] += 1
+        except psutil.NoSuchProcess:
+            pass
+
+    def _kill_supervisor(self) -> None:
+        sup = self._pick(running=False)
+        if sup is None:
+            return
+        sup.killed = True
+        sup.signal(signal.SIGKILL)
+        sup.proc.wait()
+        self.counts["kill_supervisor"] += 1
+        slot = next(s for s in self.cluster.slots if s.current is sup)
+        self._later(self.rng.uniform(0.2, 2.0), lambda: self.cluster.start_supervisor(slot))
+
+    def _stop_supervisor(self) -> None:
+        sup = self._pick()
+        if sup is None:
+            return
+        pause = self.rng.uniform(0.5, 3 * HEARTBEAT)
+        sup.stopped = True
+        sup.signal(signal.SIGSTOP)
+        self.counts["stop_supervisor"] += 1
+        if pause > HEARTBEAT:
+            self.notes["stop_past_lease"] += 1
+
+        def resume() -> None:
+            sup.stopped = False
+            sup.signal(signal.SIGCONT)
+
+        self._later(pause, resume)
+
+    def _restart_postgres(self) -> None:
+        mode = self.rng.choice(["fast", "fast", "immediate"])
+        self.cluster.disconnect()
+        self.cluster.server.restart(mode)
+        self.counts["restart_postgres"] += 1
+        self.notes[f"restart_{mode}"] += 1
+
+    def _cut(self) -> None:
+        proxy = self.rng.choice(self.cluster.slots).proxy
+        if not proxy.running:
+            return
+        proxy.stop()
+        self.counts["cut"] += 1
+        self._later(self.rng.uniform(0.1, 2 * HEARTBEAT), proxy.start)
+
+    def _half_open(self) -> None:
+        proxy = self.rng.choice(self.cluster.slots).proxy
+        if not proxy.flowing.is_set():
+            return
+        proxy.freeze()
+        hold = self.rng.uniform(0.5, 4 * HEARTBEAT)
+        self.counts["half_open"] += 1
+        if hold > HEARTBEAT:
+            self.notes["half_open_past_lease"] += 1
+        self._later(hold, proxy.thaw)
+
+    def _cancel(self) -> None:
+        # Long running jobs first: the cancel then reaches a handler mid-run.
+        rows = self.cluster.query(
+            "SELECT id FROM atlantis.jobs WHERE state IN ('running', 'available') "
+            "ORDER BY state = 'running' AND (args->>'ticks')::int >= 10 DESC, random() LIMIT 1")
+        if not rows:
+            return
+        job_id = int(rows[0][0])
+        self.cancelled.add(job_id)  # before asking: a cancel whose answer is lost still counts
+        self.cluster.tide("job", "cancel", str(job_id))
+        self.counts["cancel"] += 1
+
+    def _pause(self) -> None:
+        if self.paused:
+            return
+        self.paused = True
+        self.cluster.tide("queue", "pause", QUEUE, "--reason", "chaos")
+        self.counts["pause"] += 1
+
+        def resume() -> None:
+            self.cluster.tide("queue", "resume", QUEUE)
+            self.paused = False
+
+        self._later(self.rng.uniform(0.3, 3.0), resume)
+
+    def _sighup(self) -> None:
+        sup = self._pick()
+        if sup is None or not sup.announced():
+            return
+        sup.signal(signal.SIGHUP)
+        self.counts["sighup"] += 1

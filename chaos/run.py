@@ -1,0 +1,204 @@
+"""The chaos run: supervisors serve a stream of jobs while a driver injects faults at random.
+
+Everything runs on a PostgreSQL of the run's own (:mod:`chaos.server`), which the driver
+restarts at will; each supervisor reaches it through a TCP proxy of its own
+(:mod:`chaos.cluster`); handlers record their history directly (:mod:`chaos.app`). After
+``--minutes`` of faults (:mod:`chaos.faults`) the driver undoes whatever fault is still in
+force, stops enqueueing, waits for every job to finish, looks for processes that outlived
+their supervisor, stops the supervisors and checks the recorded history
+(:mod:`chaos.check`). Exit 0 when every check holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+import atlantis
+from chaos import check
+from chaos.cluster import Cluster
+from chaos.faults import Faults, say
+from chaos.server import OwnServer
+
+BACKLOG = 150
+"""The producer keeps about this many jobs waiting."""
+
+
+@dataclass(frozen=True)
+class Options:
+    minutes: float = 1.0
+    supervisors: int = 3
+    seed: int = 0
+    concurrency: int = 4
+    settle: float = 180.0
+    """After the faults: how long every job may take to finish."""
+    mean_gap: float = 1.0
+    """Mean time between two faults (exponentially distributed)."""
+    keep: bool = False
+
+
+def parse(argv: list[str] | None) -> Options:
+    p = argparse.ArgumentParser(prog="scripts/chaos",
+                                description="A Jepsen-style run of atlantis under faults.")
+    p.add_argument("--minutes", type=float, default=1.0, help="how long faults are injected")
+    p.add_argument("--supervisors", type=int, default=3, help="supervisors serving the queue")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("--concurrency", type=int, default=4, help="children per supervisor")
+    p.add_argument("--settle", type=float, default=180.0,
+                   help="seconds every job may take to finish once the faults stop")
+    p.add_argument("--mean-gap", type=float, default=1.0, help="mean seconds between faults")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the supervisors' logs (they are kept anyway when a check fails)")
+    a = p.parse_args(argv)
+    if a.supervisors < 1 or a.concurrency < 1 or a.minutes <= 0 or a.mean_gap <= 0:
+        p.error("--supervisors, --concurrency, --minutes and --mean-gap must be positive")
+    seed = a.seed if a.seed is not None else secrets.randbelow(2**31)
+    return Options(a.minutes, a.supervisors, seed, a.concurrency, a.settle, a.mean_gap, a.keep)
+
+
+class Producer:
+    """Keeps about BACKLOG jobs waiting: mostly short ones, some long (they span faults and
+    outlive leases), some failing their first attempt, some failing every attempt."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.enqueued = 0
+        self._next = 0.0
+
+    def step(self, now: float) -> None:
+        if now < self._next:
+            return
+        self._next = now + 0.5
+        rows = self.cluster.query("SELECT count(*) FROM atlantis.jobs WHERE state = 'available'")
+        if rows is None or rows[0][0] >= BACKLOG:
+            return
+        work: list[dict[str, Any]] = []
+        doomed: list[dict[str, Any]] = []
+        rng = self.rng
+        for _ in range(BACKLOG - rows[0][0]):
+            r = rng.random()
+            if r < 0.04:
+                doomed.append({"ticks": rng.randint(1, 2), "tick_ms": 10})
+            elif r < 0.10:
+                work.append({"ticks": rng.randint(1, 2), "tick_ms": 10, "fail": "first"})
+            elif r < 0.17:
+                work.append({"ticks": rng.randint(10, 25), "tick_ms": rng.randint(100, 150)})
+            else:
+                work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
+        conn = self.cluster.conn()
+        if conn is None:
+            return
+        try:
+            with conn.transaction():
+                self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Work", work))
+                if doomed:
+                    self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Doomed", doomed))
+        except psycopg.OperationalError:  # the server restarts: enqueue again later
+            self.cluster.disconnect()
+
+
+def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random.Random) -> None:
+    start = time.monotonic()
+    end = start + opts.minutes * 60
+    next_fault = start + 2.0  # let the supervisors start first
+    next_report = start + 15
+    while (now := time.monotonic()) < end:
+        faults.tick(now=now)
+        producer.step(now)
+        if now >= next_fault:
+            faults.inject()
+            next_fault = time.monotonic() + rng.expovariate(1 / opts.mean_gap)
+        if now >= next_report:
+            next_report = now + 15
+            say(f"{round(now - start)}s: {producer.enqueued} jobs enqueued, "
+                f"{sum(faults.counts.values())} faults")
+        time.sleep(0.05)
+
+
+def settle(cluster: Cluster, seconds: float) -> bool:
+    """Wait until every job is finished, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    next_report = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        rows = cluster.query("SELECT count(*) FROM atlantis.jobs "
+                             "WHERE state NOT IN ('complete', 'dead', 'cancelled')")
+        if rows is not None and rows[0][0] == 0:
+            return True
+        if rows is not None and time.monotonic() >= next_report:
+            next_report = time.monotonic() + 10
+            say(f"settling: {rows[0][0]} jobs not finished yet")
+        time.sleep(0.5)
+    return False
+
+
+def read_history(cluster: Cluster, faults: Faults) -> check.History:
+    with psycopg.connect(cluster.db_url, autocommit=True) as conn:
+        jobs = [check.JobRow(*r) for r in conn.execute(
+            "SELECT id, job, state, attempt, max_attempts, "
+            "       state = 'running' AND claimed_until < now() "
+            "  FROM atlantis.jobs ORDER BY id").fetchall()]
+        events = [check.Event(*r) for r in conn.execute(
+            "SELECT job_id, attempt, run, pid, event, at FROM chaos_history ORDER BY id"
+        ).fetchall()]
+        effects = {int(r[0]): int(r[1]) for r in conn.execute(
+            "SELECT job_id, count(*) FROM chaos_effects GROUP BY job_id").fetchall()}
+    return check.History(jobs, events, effects, set(faults.cancelled),
+                         set(faults.cancel_accepted))
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    started = time.monotonic()
+    say(f"seed {opts.seed}, {opts.supervisors} supervisors x {opts.concurrency} children, "
+        f"{opts.minutes:g} min of faults")
+    rng = random.Random(opts.seed)
+    server = OwnServer.create(prefix="atl-c")
+    folder = server.home / "logs"
+    folder.mkdir()
+    cluster = Cluster(server, folder, opts.concurrency)
+    faults = Faults(cluster, rng)
+    ok = False
+    try:
+        cluster.prepare(opts.supervisors)
+        producer = Producer(cluster, rng)
+        inject_faults(opts, faults, producer, rng)
+        say("faults stop; undoing those in force and waiting for every job to finish")
+        faults.calm()
+        say("settled" if settle(cluster, opts.settle) else f"not settled after {opts.settle:g}s")
+        orphans = cluster.orphans()
+        alive = {id(i) for i in cluster.live()}
+        cluster.stop_supervisors()
+        orphans += [o for o in cluster.orphans() if o not in orphans]
+        history = read_history(cluster, faults)
+        history.orphans = orphans
+        history.supervisors = [
+            check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode)
+            for i in cluster.instances()]
+        results = check.check(history)
+        print(check.table(faults.rows(), results))
+        print(f"\n{len(history.jobs)} jobs, {len(history.events)} events recorded, "
+              f"{faults.notes['tide_failed']} tide commands failed (database down), "
+              f"{time.monotonic() - started:.0f}s in all; seed {opts.seed}")
+        ok = all(r.ok for r in results)
+        return 0 if ok else 1
+    finally:
+        cluster.cleanup()
+        if opts.keep or not ok:
+            kept = tempfile.mkdtemp(prefix="chaos-logs-")
+            shutil.copytree(folder, kept, dirs_exist_ok=True)
+            say(f"the supervisors' logs are kept in {kept}")
+        server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

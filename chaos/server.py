@@ -1,0 +1,115 @@
+"""An embedded PostgreSQL of one's own, which may be stopped, started and restarted at will.
+
+The chaos run and the outage tests restart their database; the server every other command
+or test shares must never be restarted under them, so each of these gets its own data
+folder in a short temporary directory (unix socket paths stay under about 100 bytes).
+pgserver initialises and first starts it; from then on ``pg_ctl`` (shipped by pgserver)
+stops and starts it, as the server's own system user when we are root, as pgserver does.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+
+@dataclass
+class OwnServer:
+    """A PostgreSQL whose data lives in ``home``; see the module docstring."""
+
+    home: Path
+    pgdata: Path
+    socket_dir: str
+    log: Path
+    system_user: str | None
+    admin_url: str
+    _pgserver: Any = None
+
+    @classmethod
+    def create(cls, prefix: str = "atl-s") -> OwnServer:
+        """Initialise and start a new server in a fresh folder under /tmp."""
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        home.chmod(0o755)  # the server's own user (as root: ``pgserver``) must pass through
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                from pgserver.postgres_server import get_server
+
+                server = get_server(home / "pgdata", cleanup_mode="delete")
+        except BaseException:
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+        admin_url = str(server.get_uri())
+        return cls(home=home, pgdata=Path(server.pgdata),
+                   socket_dir=str(psycopg.conninfo.conninfo_to_dict(admin_url)["host"]),
+                   log=Path(server.log), system_user=server.system_user, admin_url=admin_url,
+                   _pgserver=server)
+
+    def __enter__(self) -> OwnServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def socket(self) -> str:
+        """The path of the server's unix socket (what a TCP proxy forwards to)."""
+        return f"{self.socket_dir}/.s.PGSQL.5432"
+
+    def pg_ctl(self, *args: str, timeout: float = 60) -> None:
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        # pg_ctl's output stays out of pipes: the postmaster inherits them and would hold
+        # them open.
+        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       user=self.system_user, timeout=timeout)
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: every session is terminated, as in a restart under systemd;
+        ``immediate``: the server quits at once, as in a crash (recovery at the next start)."""
+        self.pg_ctl("-w", "-m", mode, "stop")
+
+    def start(self) -> None:
+        self.pg_ctl("-w", "-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.log),
+                    "start")
+
+    def restart(self, mode: str = "fast") -> None:
+        self.stop(mode)
+        self.start()
+
+    def running(self) -> bool:
+        try:
+            self.pg_ctl("status")
+        except subprocess.CalledProcessError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the server and delete its folder."""
+        try:
+            # pgserver remembers the postmaster it started; after a restart that one is gone
+            # and its cleanup would not stop the new one, so stop whatever runs now ourselves.
+            if self.running():
+                self.stop()
+        finally:
+            if self._pgserver is not None:
+                # Its own stop then fails (nothing left to stop) and logs it loudly.
+                quiet = logging.getLogger("pgserver")
+                level = quiet.level
+                quiet.setLevel(logging.CRITICAL)
+                try:
+                    self._pgserver.cleanup()
+                finally:
+                    quiet.setLevel(level)
+            shutil.rmtree(self.home, ignore_errors=True)
