@@ -18,7 +18,7 @@ from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
 
 NextState = Literal["complete", "available", "dead", "cancelled"]
-StopReason = Literal["timeout", "memory", "drain", "cancel", "lease", "protocol"]
+StopReason = Literal["timeout", "memory", "tasks", "drain", "cancel", "lease", "protocol"]
 
 MAX_ERROR_TEXT = 64 * 1024
 MAX_PROGRESS_MSG = 256
@@ -65,6 +65,7 @@ class Limits:
     max_snooze: float
     max_backoff: float
     max_memory: int = 0
+    max_tasks: int = 0
 
 
 def backoff(base: float, failures: int, *, cap: float, rand: float | None = None) -> float:
@@ -116,6 +117,10 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
     if reason == "memory":
         return failure(facts, limits, "memory",
                        f"memory limit ({format_size(limits.max_memory)}) exceeded")
+    if reason == "tasks":
+        return failure(facts, limits, "tasks",
+                       f"task limit ({limits.max_tasks} processes and threads) exceeded "
+                       "(--max-tasks-per-child)")
     if reason == "protocol":
         return failure(facts, limits, "protocol", f"protocol violation: {detail}")
     if reason == "drain":
@@ -164,7 +169,7 @@ def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
                 rand: float | None = None, cancelled: bool = False) -> Outcome:
     """The next state of a row whose attempt's child died without reporting a result."""
-    if cancelled and reason in (None, "memory", "protocol", "timeout"):
+    if cancelled and reason in (None, "memory", "tasks", "protocol", "timeout"):
         failed = decide_exit(facts, limits, returncode, reason, detail, rand)
         return Outcome("cancelled", True, error=failed.error, label="cancelled")
     stopped = forced(facts, limits, reason, detail, cancelled=cancelled)

@@ -51,6 +51,9 @@ class Settings:
                                    default=0)
     max_memory_per_child: int = _opt("size", "Kill a child whose resident memory passes this, "
                                      "e.g. 512MB, 2GB (0: no limit).", default=0)
+    max_tasks_per_child: int = _opt("int", "Kill an attempt whose child runs more than N tasks "
+                                    "(processes and threads, the child's own included), such as "
+                                    "a fork bomb (0: no limit).", default=512)
     metrics_port: int = _opt("int", "Serve Prometheus metrics on this port (0: off).", default=0)
     metrics_host: str = _opt("str", "Address of the metrics server (0.0.0.0 for remote scraping).",
                              default="127.0.0.1")

@@ -12,6 +12,8 @@
 - ``snooze-huge``: ``raise Snooze(1e13)``.
 - ``nul-error``: ``raise ValueError("bad\\x00byte")``.
 - ``chatty``: prints 5,000 lines as fast as it can.
+- ``forkbomb``: a bounded fork bomb: forks 2,500 processes that sleep, each marked with
+  ``BOMB=<key>`` in its environment (for the test to look for survivors).
 
 ``contain.Stuck`` records ``started`` and sleeps past its 2 s timeout (the test stops it
 with SIGSTOP to make it stop reading its control pipe). ``contain.Fails`` always raises.
@@ -68,6 +70,13 @@ def act(ctx: atlantis.JobContext, args: Any) -> None:
         raise atlantis.Snooze(1e13)
     elif mode == "nul-error":
         raise ValueError("bad\x00byte")
+    elif mode == "forkbomb":
+        os.environ["BOMB"] = args.key
+        for _ in range(2500):
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        time.sleep(30)
     elif mode == "chatty":
         for i in range(5000):
             print(f"line {i}")
