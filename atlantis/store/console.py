@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from atlantis.store.admin import FINISHED, JobRow
 from atlantis.store.queries import Q
+from atlantis.store.rows import known_columns_row
 
 Conn = psycopg.Connection[Any]
 
@@ -113,7 +114,7 @@ class _Estimate:
 def jobs_page(conn: Conn, flt: JobFilter, *, before: int | None = None,
               limit: int = 50) -> list[JobRow]:
     """Up to ``limit`` jobs matching ``flt`` with ids below ``before``, newest first."""
-    cur = conn.cursor(row_factory=class_row(JobRow))
+    cur = conn.cursor(row_factory=known_columns_row(JobRow))
     return cur.execute(Q.console_jobs_page,
                        {**flt.params(), "before": before, "limit": limit}).fetchall()
 

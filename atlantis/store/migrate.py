@@ -199,6 +199,21 @@ def schema_problem(conn: psycopg.Connection[Any], *, who: str = "atlantis",
     return None
 
 
+def schema_ahead(conn: psycopg.Connection[Any], *, who: str = "atlantis") -> str | None:
+    """A line saying that the schema is ahead of this package's newest migration (a rolling
+    upgrade under way: another host migrated first), or None. Not a problem: migrations stay
+    additive for one release (docs/upgrading.md), so this package keeps working."""
+    with conn.transaction():
+        row = conn.execute("SELECT max(version) FROM atlantis.schema_migrations").fetchone()
+    version = row[0] if row else None
+    latest = migrations()[-1][0]
+    if version is None or version <= latest:
+        return None
+    return (f"the atlantis schema is at version {version}, ahead of this {who} ({latest}): "
+            "fine while a fleet rolls (migrations stay additive for a release); upgrade this "
+            "host next")
+
+
 def grant_roles(conn: psycopg.Connection[Any], *, create: bool = True) -> list[str]:
     """Create the roles (when ``create`` and the connected role may), then grant every one
     that exists its rights in this database; returns the roles granted. Run it inside a
