@@ -122,7 +122,7 @@ def _next_release(conn: psycopg.Connection[Any]) -> int:
     with conn.transaction():
         conn.execute("ALTER TABLE atlantis.jobs ADD COLUMN tenant text")
         conn.execute("ALTER TABLE atlantis.job_types ADD COLUMN owner text NOT NULL DEFAULT ''")
-        conn.execute(f"CREATE OR REPLACE VIEW atlantis.job_rows AS {view}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE OR REPLACE VIEW atlantis.job_rows AS {view}")
         conn.execute("CREATE FUNCTION atlantis.next_release() RETURNS int LANGUAGE sql"
                      " AS 'SELECT 1'")
         conn.execute("INSERT INTO atlantis.schema_migrations (version, name) VALUES (%s, %s)",
