@@ -167,21 +167,26 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
-                rand: float | None = None, cancelled: bool = False) -> Outcome:
-    """The next state of a row whose attempt's child died without reporting a result."""
+                rand: float | None = None, cancelled: bool = False, said: str = "") -> Outcome:
+    """The next state of a row whose attempt's child died without reporting a result.
+
+    ``said`` is why the child said it stopped the attempt itself, if it did (a lost pipe,
+    no lease renewal...): it replaces the guess that a SIGKILL means memory.
+    """
     if cancelled and reason in (None, "memory", "tasks", "protocol", "timeout"):
-        failed = decide_exit(facts, limits, returncode, reason, detail, rand)
+        failed = decide_exit(facts, limits, returncode, reason, detail, rand, said=said)
         return Outcome("cancelled", True, error=failed.error, label="cancelled")
     stopped = forced(facts, limits, reason, detail, cancelled=cancelled)
     if stopped is not None:
         return stopped
     more: dict[str, Any] = ({"exit_code": returncode} if returncode >= 0
                             else {"signal": -returncode})
-    return failure(facts, limits, "crash", describe_exit(returncode), rand, **more)
+    message = f"{describe_exit(returncode, hint=False)}: {said}" if said else describe_exit(returncode)
+    return failure(facts, limits, "crash", message, rand, **more)
 
 
-def describe_exit(returncode: int) -> str:
-    """How a child ended, in the words ``last_error`` uses."""
+def describe_exit(returncode: int, hint: bool = True) -> str:
+    """How a child ended, in the words ``last_error`` uses (``hint``: a guess at why)."""
     import signal
 
     if returncode < 0:
@@ -189,8 +194,8 @@ def describe_exit(returncode: int) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = " (perhaps out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
+        guess = " (perhaps out of memory?)" if hint and -returncode == signal.SIGKILL else ""
+        return f"killed by {name}{guess}"
     return f"child exited with code {returncode}"
 
 

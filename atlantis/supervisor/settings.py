@@ -180,6 +180,8 @@ def from_options(values: dict[str, Any], **overrides: Any) -> Settings:
         kind = f.metadata["kind"]
         try:
             if kind == "int":
+                if not str(raw).strip().lstrip("+-").isdigit():
+                    raise ValueError(f"{raw!r} is not a whole number")
                 given[f.name] = int(raw)
             elif kind == "queues":
                 given[f.name] = tuple(raw)
