@@ -3,9 +3,10 @@
 Every statement is a named query of ``admin.sql``; every row is read by column name into
 one of the dataclasses below (:func:`atlantis.store.rows.known_columns_row`): a column the
 dataclass lacks fails the read loudly, a column it does not know is left out (a schema one
-release ahead may have added it, docs/upgrading.md). Changes go through :mod:`atlantis.operations`, that is through the SQL
-functions every path shares. Nothing here commits: on an autocommit connection each call is
-its own transaction, otherwise the caller's transaction holds it.
+release ahead may have added it, docs/upgrading.md). Changes go through
+:mod:`atlantis.operations`, that is through the SQL functions every path shares. Nothing
+here commits: on an autocommit connection each call is its own transaction, otherwise the
+caller's transaction holds it.
 """
 
 from __future__ import annotations

@@ -307,20 +307,19 @@ class Child:
         """
         if not self.tree:
             return []
-        killed: list[int] = []
+        killed: dict[int, None] = {}  # in order
         for _ in range(10):  # again while it finds some: one may fork while the sweep runs
-            found = 0
+            before = len(killed)
             for p in psutil.process_iter():
                 try:
                     if p.pid not in killed and p.environ().get(TREE_VARIABLE) == self.tree:
                         p.kill()
-                        killed.append(p.pid)
-                        found += 1
+                        killed[p.pid] = None
                 except psutil.Error:
                     continue
-            if not found:
+            if len(killed) == before:
                 break
-        return killed
+        return list(killed)
 
     def rss(self) -> int:
         """Resident memory of the child and its descendants, in bytes (refreshes descendants)."""

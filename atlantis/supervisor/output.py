@@ -2,9 +2,9 @@
 
 Lines are tagged with the attempt they belong to (``job=42 attempt=1``). Bytes that are not
 UTF-8, and NUL, are escaped (``\\xff``), never fatal; a line longer than 64 KiB is cut into
-pieces. A chatty attempt cannot flood the log: past a rate (a token bucket per attempt, bursts of ten
-seconds' worth) lines are counted instead of logged, and the count is logged when the
-attempt ends.
+pieces. A chatty attempt cannot flood the log: past a rate (a token bucket per attempt,
+bursts of ten seconds' worth) lines are counted instead of logged, and the count is logged
+when the attempt ends.
 """
 
 from __future__ import annotations

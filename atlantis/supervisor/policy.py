@@ -181,7 +181,9 @@ def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
         return stopped
     more: dict[str, Any] = ({"exit_code": returncode} if returncode >= 0
                             else {"signal": -returncode})
-    message = f"{describe_exit(returncode, hint=False)}: {said}" if said else describe_exit(returncode)
+    message = describe_exit(returncode)
+    if said:
+        message = f"{describe_exit(returncode, hint=False)}: {said}"
     return failure(facts, limits, "crash", message, rand, **more)
 
 
