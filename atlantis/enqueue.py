@@ -12,7 +12,7 @@ bits; NaN and infinities, which JSON cannot carry, are refused here with the fie
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -73,6 +73,9 @@ class _UnsendableError(Exception):
 
 def _encode(job: str, args: Mapping[str, Any]) -> str:
     """`args` as JSON text; ValidationError naming the field for what JSON cannot carry."""
+    if not isinstance(args, Mapping):
+        raise ValidationError(
+            f"job {job}: args must be a mapping (a JSON object), got {type(args).__name__}")
     doc = dict(args)
     try:
         data = orjson.dumps(doc, default=_default)
@@ -80,13 +83,21 @@ def _encode(job: str, args: Mapping[str, Any]) -> str:
         data = _encode_carefully(job, doc)
     if b"null" in data:  # orjson writes NaN and the infinities as null
         for key, value in doc.items():
-            where = _non_finite(value)
+            where = _first(value, _is_non_finite)
             if where is not None:
                 suffix, number = where
                 raise ValidationError(
                     f"job {job}: field {key}{suffix}: float({str(number)!r}) cannot be "
                     "enqueued: JSON numbers must be finite"
                 )
+    if b"\\u0000" in data:  # PostgreSQL's text and jsonb cannot hold NUL
+        for key, value in doc.items():
+            where = ("", key) if _has_nul(key) else _first(value, _has_nul)
+            if where is not None:
+                name = repr(key) if _has_nul(key) else key
+                raise ValidationError(
+                    f"job {job}: field {name}{where[0]}: text with a NUL character (\\u0000) "
+                    "cannot be enqueued: PostgreSQL cannot store it")
     return data.decode()
 
 
@@ -178,18 +189,27 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def _non_finite(value: Any) -> tuple[str, float] | None:
-    """Where in `value` a NaN or infinite float sits (as a suffix like ``[2]``), if any."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else ("", value)
+def _is_non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _has_nul(value: Any) -> bool:
+    return isinstance(value, str) and "\x00" in value
+
+
+def _first(value: Any, bad: Callable[[Any], bool]) -> tuple[str, Any] | None:
+    """Where in `value` the first item that is ``bad`` sits (as a suffix like ``[2]``,
+    empty for `value` itself), and that item; keys of dicts are looked at too."""
+    if bad(value):
+        return "", value
     if isinstance(value, list | tuple):
         items: Iterable[tuple[str, Any]] = ((f"[{i}]", v) for i, v in enumerate(value))
     elif isinstance(value, dict):
-        items = ((f"[{k!r}]", v) for k, v in value.items())
+        items = ((f"[{k!r}]", x) for k, v in value.items() for x in (k, v))
     else:
         return None
     for step, item in items:
-        found = _non_finite(item)
+        found = _first(item, bad)
         if found is not None:
             return step + found[0], found[1]
     return None

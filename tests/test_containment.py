@@ -364,9 +364,9 @@ HOSTILE = {
     "huge-error": ("dead", "exception", "truncated"),
     "exit3": ("dead", "exit", "sys.exit(3)"),
     "keyboard-interrupt": ("dead", "exception", "KeyboardInterrupt"),
-    "close-fds": ("dead", "crash", ""),
-    "close-fds-sleep": ("dead", "crash", "SIGKILL"),
-    "kill-watchdog": ("dead", "crash", "SIGKILL"),
+    "close-fds": ("dead", "crash", "child exited with code 4: the child lost its events pipe ("),
+    "close-fds-sleep": ("dead", "crash", "killed by SIGKILL: the child lost its control pipe ("),
+    "kill-watchdog": ("dead", "crash", "killed by SIGKILL: the child's watchdog failed ("),
 }
 
 

@@ -46,7 +46,14 @@ def test_fresh_isolation_failures_and_sighup(db: psycopg.Connection[Any], superv
     supervisor = psutil.Process(sup.pid)
 
     def zygote_pids() -> set[int]:
-        return {c.pid for c in supervisor.children() if "atlantis.child.zygote" in " ".join(c.cmdline())}
+        found = set()
+        for c in supervisor.children():
+            try:  # a zygote that just exited is a zombie until reaped: it has no cmdline
+                if "atlantis.child.zygote" in " ".join(c.cmdline()):
+                    found.add(c.pid)
+            except psutil.Error:
+                continue
+        return found
 
     before = wait_for(zygote_pids, message="a zygote")
     long_id = atlantis.enqueue(db, "tests.Sleep", {"key": "h", "seconds": 2.0})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Iterator
 from typing import NoReturn
 
 import psutil
@@ -83,6 +84,66 @@ def descendants(recursive: bool = True) -> list[psutil.Process]:
         return psutil.Process().children(recursive=recursive)
     except psutil.Error:
         return []
+
+
+def walk(pid: int) -> Iterator[tuple[int, int]]:
+    """``(pid, threads)`` for ``pid`` and each of its descendants, parents first.
+
+    Reads ``/proc/PID/task/TID/children`` (Linux), so it costs in proportion to the tree,
+    not to the host (psutil's ``children`` reads every process of the host): a process
+    with no descendant is a few small reads. A process that exits meanwhile is skipped;
+    nothing when ``pid`` is gone or ``/proc`` is not there.
+    """
+    todo = [pid]
+    while todo:
+        proc = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{proc}/task")
+        except OSError:
+            continue
+        yield proc, len(tids)
+        for tid in tids:
+            try:
+                with open(f"/proc/{proc}/task/{tid}/children", "rb") as f:
+                    todo.extend(int(p) for p in f.read().split())
+            except OSError:
+                continue
+
+
+def count_tasks(pid: int, limit: int) -> int:
+    """Tasks (processes and threads, as systemd's ``TasksMax`` counts them) of ``pid``'s
+    tree, itself included, counted only up to the first past ``limit``: a fork bomb costs
+    the count no more than ``limit`` processes. Zombies count until they are reaped."""
+    count = 0
+    for _pid, threads in walk(pid):
+        count += threads
+        if count > limit:
+            break
+    return count
+
+
+def freeze(pid: int, rounds: int = 20) -> set[int]:
+    """SIGSTOP ``pid``'s tree, again and again until a walk finds no process not yet
+    stopped: a stopped process cannot fork, so a tree that forks while it is being
+    stopped is caught by the next round. Returns the pids stopped. For a kill: SIGKILL
+    reaches stopped processes too, and none of them can add to the tree meanwhile.
+
+    Pids rather than psutil handles, since a fork bomb may have thousands: these are
+    descendants of a stopped process, and a pid freed during the sweep is not handed out
+    again before the kernel's pid counter wraps around.
+    """
+    stopped: set[int] = set()
+    for _ in range(rounds):
+        fresh = [p for p, _threads in walk(pid) if p not in stopped]
+        if not fresh:
+            break
+        for p in fresh:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+            stopped.add(p)
+    return stopped
 
 
 def kill_descendants(keep: frozenset[psutil.Process] = frozenset()) -> list[psutil.Process]:

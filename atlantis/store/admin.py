@@ -1,11 +1,12 @@
 """What operators' tools (``tide``, the console) read and change, as typed rows.
 
-Every statement is a named query of ``admin.sql``; every row is read through
-:func:`psycopg.rows.class_row` into one of the dataclasses below, whose fields are the
-statement's columns by name (a column added to a statement needs a field here, or the read
-fails loudly). Changes go through :mod:`atlantis.operations`, that is through the SQL
-functions every path shares. Nothing here commits: on an autocommit connection each call is
-its own transaction, otherwise the caller's transaction holds it.
+Every statement is a named query of ``admin.sql``; every row is read by column name into
+one of the dataclasses below (:func:`atlantis.store.rows.known_columns_row`): a column the
+dataclass lacks fails the read loudly, a column it does not know is left out (a schema one
+release ahead may have added it, docs/upgrading.md). Changes go through
+:mod:`atlantis.operations`, that is through the SQL functions every path shares. Nothing
+here commits: on an autocommit connection each call is its own transaction, otherwise the
+caller's transaction holds it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from decimal import Decimal
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import class_row
 
 from atlantis import operations, progress
 from atlantis.store.queries import Q
+from atlantis.store.rows import known_columns_row
 
 #: The states a job can be in (``atlantis.jobs.state``).
 STATES = ("available", "running", "complete", "dead", "cancelled")
@@ -261,12 +262,12 @@ def parse_worker(worker: str | None) -> tuple[str, int | None] | None:
 
 def _all(conn: Conn, cls: type[_Row], query: LiteralString,
          params: dict[str, Any] | None = None) -> list[_Row]:
-    return conn.cursor(row_factory=class_row(cls)).execute(query, params).fetchall()
+    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchall()
 
 
 def _one(conn: Conn, cls: type[_Row], query: LiteralString,
          params: dict[str, Any] | None = None) -> _Row | None:
-    return conn.cursor(row_factory=class_row(cls)).execute(query, params).fetchone()
+    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchone()
 
 
 def schema_version(conn: Conn) -> int | None:

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from atlantis.store.admin import FINISHED, JobRow
 from atlantis.store.queries import Q
+from atlantis.store.rows import known_columns_row
 
 Conn = psycopg.Connection[Any]
 
@@ -139,7 +140,7 @@ def jobs_page(conn: Conn, flt: JobFilter, *, before: int | None = None,
             row = conn.execute(Q.console_max_id).fetchone()
             top = int(row[0]) + 1 if row else 1
         floor = max(1, top - SCAN_WINDOW)
-    cur = conn.cursor(row_factory=class_row(JobRow))
+    cur = conn.cursor(row_factory=known_columns_row(JobRow))
     rows = cur.execute(Q.console_jobs_page, {**flt.params(), "before": before, "floor": floor,
                                              "limit": limit}).fetchall()
     if len(rows) == limit:

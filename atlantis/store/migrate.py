@@ -184,13 +184,7 @@ def schema_problem(conn: psycopg.Connection[Any], *, who: str = "atlantis",
     """Why this package cannot use the schema as it is (missing, or behind the newest
     migration shipped), on one line; None when it can. A newer schema is fine: migrations
     stay additive for a release. Other errors (no right to read the version) are raised."""
-    with conn.transaction():  # leaves no transaction open on a non-autocommit connection
-        exists = conn.execute(
-            "SELECT to_regclass('atlantis.schema_migrations') IS NOT NULL").fetchone()
-        if not (exists and exists[0]):
-            return f"the atlantis schema is missing; run `tide db migrate`{hint}"
-        row = conn.execute("SELECT max(version) FROM atlantis.schema_migrations").fetchone()
-    version = row[0] if row else None
+    version = _version(conn)
     latest = migrations()[-1][0]
     if version is None:
         return f"the atlantis schema is missing; run `tide db migrate`{hint}"
@@ -198,6 +192,30 @@ def schema_problem(conn: psycopg.Connection[Any], *, who: str = "atlantis",
         return (f"the atlantis schema is at version {version}, this {who} needs {latest}; "
                 f"run `tide db migrate`{hint}")
     return None
+
+
+def schema_ahead(conn: psycopg.Connection[Any], *, who: str = "atlantis") -> str | None:
+    """A line saying that the schema is ahead of this package's newest migration (a rolling
+    upgrade under way: another host migrated first), or None. Not a problem: migrations stay
+    additive for one release (docs/upgrading.md), so this package keeps working."""
+    version = _version(conn)
+    latest = migrations()[-1][0]
+    if version is None or version <= latest:
+        return None
+    return (f"the atlantis schema is at version {version}, ahead of this {who} ({latest}): "
+            "fine while a fleet rolls (migrations stay additive for a release); upgrade this "
+            "host next")
+
+
+def _version(conn: psycopg.Connection[Any]) -> int | None:
+    """The newest migration applied; None when there is no schema (or no version in it)."""
+    with conn.transaction():  # leaves no transaction open on a non-autocommit connection
+        exists = conn.execute(
+            "SELECT to_regclass('atlantis.schema_migrations') IS NOT NULL").fetchone()
+        if not (exists and exists[0]):
+            return None
+        row = conn.execute("SELECT max(version) FROM atlantis.schema_migrations").fetchone()
+    return row[0] if row else None
 
 
 def grant_roles(conn: psycopg.Connection[Any], *, create: bool = True) -> list[str]:

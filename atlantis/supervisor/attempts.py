@@ -24,7 +24,7 @@ class Attempt:
     progress_dirty: bool = False
     progress_since: float = 0.0
     stop_reason: StopReason | None = None
-    """Why the supervisor is stopping it: timeout, drain, memory, cancel, lease, protocol."""
+    """Why the supervisor is stopping it: timeout, drain, memory, tasks, cancel, lease, protocol."""
     stop_detail: str = ""
     term_sent_at: float | None = None
     killed: bool = False

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -28,6 +29,7 @@ from typing import Protocol
 import psutil
 
 from atlantis.child.main import TREE_VARIABLE
+from atlantis.child.tree import count_tasks, freeze
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.messages import (
     Checkpoint,
@@ -262,9 +264,17 @@ class Child:
             pass
 
     def signal_group(self, sig: int) -> None:
-        """Signal the child's process group and any known descendant outside it."""
+        """Signal the child's process group and any known descendant outside it.
+
+        A SIGKILL of a live child first stops its whole tree (:func:`freeze`), so that
+        nothing of it can fork while it is being killed (a fork bomb): every process the
+        freeze stopped gets the SIGKILL too.
+        """
         if not self.pid:
             return
+        frozen: set[int] = set()
+        if sig == signal.SIGKILL and self.returncode is None:
+            frozen = freeze(self.pid)
         self.remember_descendants()
         if self.returncode is None:
             try:
@@ -276,6 +286,17 @@ class Child:
                 p.send_signal(sig)
             except psutil.Error:
                 pass
+        for pid in frozen:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def tasks(self, limit: int) -> int:
+        """Tasks (processes and threads) of the child's tree, counted up to ``limit + 1``."""
+        if not self.pid or self.returncode is not None:
+            return 0
+        return count_tasks(self.pid, limit)
 
     def kill_marked(self) -> list[int]:
         """SIGKILL every process carrying this child's mark; returns their pids.
@@ -286,15 +307,19 @@ class Child:
         """
         if not self.tree:
             return []
-        killed = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get(TREE_VARIABLE) == self.tree:
-                    p.kill()
-                    killed.append(p.pid)
-            except psutil.Error:
-                continue
-        return killed
+        killed: dict[int, None] = {}  # in order
+        for _ in range(10):  # again while it finds some: one may fork while the sweep runs
+            before = len(killed)
+            for p in psutil.process_iter():
+                try:
+                    if p.pid not in killed and p.environ().get(TREE_VARIABLE) == self.tree:
+                        p.kill()
+                        killed[p.pid] = None
+                except psutil.Error:
+                    continue
+            if len(killed) == before:
+                break
+        return list(killed)
 
     def rss(self) -> int:
         """Resident memory of the child and its descendants, in bytes (refreshes descendants)."""

@@ -133,9 +133,10 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
 
     It migrates only when its role may (a superuser, or the schema's owner); a role such
     as ``atlantis_worker`` checks the schema version instead, and a schema behind this
-    package's migrations is one line and exit 2.
+    package's migrations is one line and exit 2. A schema ahead of it (the previous release
+    during a rolling upgrade) is used as it is, with a warning.
     """
-    from atlantis.store.migrate import may_migrate, schema_problem
+    from atlantis.store.migrate import may_migrate, schema_ahead, schema_problem
 
     notifier = Notifier()
     problem: list[str] = []
@@ -163,6 +164,9 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
                         return
                     log.info("not migrating: role %s does not own the atlantis schema",
                              conn.info.user)
+                ahead = schema_ahead(conn)
+                if ahead is not None:
+                    log.warning("%s", ahead)
                 sync(conn, decls)
     finally:
         notifier.close()

@@ -1,10 +1,10 @@
-"""Leases: renewal, lost leases, timeouts and memory limits of the attempts in flight.
+"""Leases: renewal, lost leases, timeouts, memory and task limits of the attempts in flight.
 
 One statement renews every lease that is due (every heartbeat/3) and carries the
 checkpoints that came in meanwhile (coalesced per attempt). A renewal that does not come
 back in time, or comes back without a row, means the lease is lost: the attempt is
-killed at once and nothing more of it is written. Timeouts and memory limits stop an
-attempt (SIGTERM, then SIGKILL after the kill grace).
+killed at once and nothing more of it is written. Timeouts stop an attempt (SIGTERM,
+then SIGKILL after the kill grace); memory and task limits kill it at once.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class Leases(Service):
             if rt.settings.max_memory_per_child and now - last_memory >= rt.settings.memory_interval:
                 last_memory = now
                 self._check_memory()
+            if rt.settings.max_tasks_per_child:
+                self._check_tasks()
             if self._touching is None or self._touching.done():
                 batch = self._due(now)
                 if batch:
@@ -98,6 +100,19 @@ class Leases(Service):
                 log.warning("%s: child uses %s, over the memory limit of %s; killing it",
                             a.tag(), format_size(rss), format_size(limit), extra=a.log_extra())
                 a.stop("memory", self.rt.now(), sig=signal.SIGKILL)
+
+    def _check_tasks(self) -> None:
+        """Every tick: a tree grows fast (a fork bomb forks every few milliseconds), and a
+        count costs little (:func:`atlantis.child.tree.count_tasks`)."""
+        limit = self.rt.settings.max_tasks_per_child
+        for a in list(self.rt.in_flight.values()):
+            if a.child is None or a.killed:
+                continue
+            if a.child.tasks(limit) > limit:
+                log.warning("%s: the child runs more than %d tasks (processes and threads), "
+                            "over --max-tasks-per-child; killing its whole tree", a.tag(), limit,
+                            extra=a.log_extra())
+                a.stop("tasks", self.rt.now(), sig=signal.SIGKILL)
 
     def _due(self, now: float) -> list[Attempt]:
         live = [a for a in self.rt.in_flight.values() if not a.lost and not a.finished]

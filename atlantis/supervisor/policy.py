@@ -18,7 +18,7 @@ from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
 
 NextState = Literal["complete", "available", "dead", "cancelled"]
-StopReason = Literal["timeout", "memory", "drain", "cancel", "lease", "protocol"]
+StopReason = Literal["timeout", "memory", "tasks", "drain", "cancel", "lease", "protocol"]
 
 MAX_ERROR_TEXT = 64 * 1024
 MAX_PROGRESS_MSG = 256
@@ -65,6 +65,7 @@ class Limits:
     max_snooze: float
     max_backoff: float
     max_memory: int = 0
+    max_tasks: int = 0
 
 
 def backoff(base: float, failures: int, *, cap: float, rand: float | None = None) -> float:
@@ -116,6 +117,10 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
     if reason == "memory":
         return failure(facts, limits, "memory",
                        f"memory limit ({format_size(limits.max_memory)}) exceeded")
+    if reason == "tasks":
+        return failure(facts, limits, "tasks",
+                       f"task limit ({limits.max_tasks} processes and threads) exceeded "
+                       "(--max-tasks-per-child)")
     if reason == "protocol":
         return failure(facts, limits, "protocol", f"protocol violation: {detail}")
     if reason == "drain":
@@ -162,21 +167,28 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
-                rand: float | None = None, cancelled: bool = False) -> Outcome:
-    """The next state of a row whose attempt's child died without reporting a result."""
-    if cancelled and reason in (None, "memory", "protocol", "timeout"):
-        failed = decide_exit(facts, limits, returncode, reason, detail, rand)
+                rand: float | None = None, cancelled: bool = False, said: str = "") -> Outcome:
+    """The next state of a row whose attempt's child died without reporting a result.
+
+    ``said`` is why the child said it stopped the attempt itself, if it did (a lost pipe,
+    no lease renewal...): it replaces the guess that a SIGKILL means memory.
+    """
+    if cancelled and reason in (None, "memory", "tasks", "protocol", "timeout"):
+        failed = decide_exit(facts, limits, returncode, reason, detail, rand, said=said)
         return Outcome("cancelled", True, error=failed.error, label="cancelled")
     stopped = forced(facts, limits, reason, detail, cancelled=cancelled)
     if stopped is not None:
         return stopped
     more: dict[str, Any] = ({"exit_code": returncode} if returncode >= 0
                             else {"signal": -returncode})
-    return failure(facts, limits, "crash", describe_exit(returncode), rand, **more)
+    message = describe_exit(returncode)
+    if said:
+        message = f"{describe_exit(returncode, hint=False)}: {said}"
+    return failure(facts, limits, "crash", message, rand, **more)
 
 
-def describe_exit(returncode: int) -> str:
-    """How a child ended, in the words ``last_error`` uses."""
+def describe_exit(returncode: int, hint: bool = True) -> str:
+    """How a child ended, in the words ``last_error`` uses (``hint``: a guess at why)."""
     import signal
 
     if returncode < 0:
@@ -184,8 +196,8 @@ def describe_exit(returncode: int) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = " (perhaps out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
+        guess = " (perhaps out of memory?)" if hint and -returncode == signal.SIGKILL else ""
+        return f"killed by {name}{guess}"
     return f"child exited with code {returncode}"
 
 

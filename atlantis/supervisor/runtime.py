@@ -58,7 +58,8 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         self.limits = Limits(max_snooze=self.settings.max_snooze,
                              max_backoff=self.settings.max_backoff,
-                             max_memory=self.settings.max_memory_per_child)
+                             max_memory=self.settings.max_memory_per_child,
+                             max_tasks=self.settings.max_tasks_per_child)
         self._dbs: list[Db] = []
 
     def db(self, role: str) -> Db:

@@ -55,6 +55,9 @@ class Settings:
                                    default=0)
     max_memory_per_child: int = _opt("size", "Kill a child whose resident memory passes this, "
                                      "e.g. 512MB, 2GB (0: no limit).", default=0)
+    max_tasks_per_child: int = _opt("int", "Kill an attempt whose child runs more than N tasks "
+                                    "(processes and threads, the child's own included), such as "
+                                    "a fork bomb (0: no limit).", default=512)
     metrics_port: int = _opt("int", "Serve Prometheus metrics on this port (0: off).", default=0)
     metrics_host: str = _opt("str", "Address of the metrics server (0.0.0.0 for remote scraping).",
                              default="127.0.0.1")
@@ -190,6 +193,8 @@ def from_options(values: dict[str, Any], **overrides: Any) -> Settings:
         kind = f.metadata["kind"]
         try:
             if kind == "int":
+                if not str(raw).strip().lstrip("+-").isdigit():
+                    raise ValueError(f"{raw!r} is not a whole number")
                 given[f.name] = int(raw)
             elif kind == "queues":
                 given[f.name] = tuple(raw)

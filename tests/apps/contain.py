@@ -12,6 +12,13 @@
 - ``snooze-huge``: ``raise Snooze(1e13)``.
 - ``nul-error``: ``raise ValueError("bad\\x00byte")``.
 - ``chatty``: prints 5,000 lines as fast as it can.
+- ``os-exit``: ``os._exit(5)``; ``segv``: reads address 0 through ctypes (SIGSEGV);
+  ``recursion``: recurses until Python's limit; ``unpicklable``: raises an exception that
+  holds a lock and refuses to be pickled; ``binary``: writes bytes that are not UTF-8 (and a
+  NUL) to stdout, then returns; ``checkpoint-nan-huge``: ``checkpoint(nan, <10 MB>)``,
+  then returns.
+- ``forkbomb``: a bounded fork bomb: forks 2,500 processes that sleep, each marked with
+  ``BOMB=<key>`` in its environment (for the test to look for survivors).
 
 ``contain.Stuck`` records ``started`` and sleeps past its 2 s timeout (the test stops it
 with SIGSTOP to make it stop reading its control pipe). ``contain.Fails`` always raises.
@@ -19,9 +26,12 @@ with SIGSTOP to make it stop reading its control pipe). ``contain.Fails`` always
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -40,6 +50,19 @@ def _events_fd() -> int:
 def _forge(body: dict[str, Any] | None, size: int | None = None) -> None:
     data = orjson.dumps(body) if body is not None else b""
     os.write(_events_fd(), struct.pack(">I", size if size is not None else len(data)) + data)
+
+
+class UnpicklableError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("UnpicklableError cannot be pickled")
+
+
+def _recurse(n: int) -> int:
+    return _recurse(n + 1) + 1
 
 
 @registry.handler("contain.Act")
@@ -68,6 +91,26 @@ def act(ctx: atlantis.JobContext, args: Any) -> None:
         raise atlantis.Snooze(1e13)
     elif mode == "nul-error":
         raise ValueError("bad\x00byte")
+    elif mode == "os-exit":
+        os._exit(5)
+    elif mode == "segv":
+        ctypes.string_at(0)
+    elif mode == "recursion":
+        _recurse(0)
+    elif mode == "unpicklable":
+        raise UnpicklableError("holds a lock")
+    elif mode == "binary":
+        sys.stdout.flush()
+        os.write(1, b"\xff\xfe binary \x00 out\n")
+    elif mode == "checkpoint-nan-huge":
+        atlantis.checkpoint(ctx, math.nan, "y" * 10_000_000)
+    elif mode == "forkbomb":
+        os.environ["BOMB"] = args.key
+        for _ in range(2500):
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+        time.sleep(30)
     elif mode == "chatty":
         for i in range(5000):
             print(f"line {i}")

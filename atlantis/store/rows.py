@@ -1,0 +1,39 @@
+"""Rows read into dataclasses by column name, ignoring columns the dataclass does not know.
+
+Statements that select ``*`` from a view (``atlantis.job_rows``) get every column the
+*database's* schema has. During a rolling upgrade the schema may be a release ahead of this
+package, with a column added to the view (migrations are additive, docs/upgrading.md):
+psycopg's ``class_row`` would then fail on the unexpected keyword, so this one leaves it out.
+A column the dataclass needs and the row lacks still fails, as it should.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg import errors
+from psycopg.rows import RowFactory, RowMaker
+
+if TYPE_CHECKING:
+    from psycopg._cursor_base import BaseCursor  # what psycopg's own row factories take
+
+T = TypeVar("T")
+
+
+def known_columns_row(cls: type[T]) -> RowFactory[T]:
+    """Like :func:`psycopg.rows.class_row`, for a dataclass, without the columns it lacks."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    def factory(cursor: BaseCursor[Any, Any]) -> RowMaker[T]:
+        if cursor.description is None:
+            raise errors.ProgrammingError("the statement returned no rows")
+        wanted = [(i, c.name) for i, c in enumerate(cursor.description) if c.name in names]
+
+        def make(values: Sequence[Any]) -> T:
+            return cls(**{name: values[i] for i, name in wanted})
+
+        return make
+
+    return factory
