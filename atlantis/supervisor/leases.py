@@ -40,6 +40,7 @@ class Leases(Service):
         super().__init__(rt)
         self.db = rt.db("lease")
         self._touching: asyncio.Task[None] | None = None
+        self._task_turn = 0
 
     def loops(self) -> list[Loop]:
         return [self._tick_loop]
@@ -101,13 +102,23 @@ class Leases(Service):
                             a.tag(), format_size(rss), format_size(limit), extra=a.log_extra())
                 a.stop("memory", self.rt.now(), sig=signal.SIGKILL)
 
+    #: Trees counted per tick at most: every tick up to this many attempts in flight; beyond,
+    #: in turn (with 500 in flight, each every 16 ticks, 0.8 s), so that the counting costs
+    #: the supervisor a bounded few percent of a core however many attempts it runs.
+    TASK_COUNTS_PER_TICK = 32
+
     def _check_tasks(self) -> None:
-        """Every tick: a tree grows fast (a fork bomb forks every few milliseconds), and a
-        count costs little (:func:`atlantis.child.tree.count_tasks`)."""
+        """A tree grows fast (a fork bomb forks every few milliseconds), and a count costs
+        little (:func:`atlantis.child.tree.count_tasks`): each tick, up to
+        :data:`TASK_COUNTS_PER_TICK` attempts, taking turns."""
         limit = self.rt.settings.max_tasks_per_child
-        for a in list(self.rt.in_flight.values()):
-            if a.child is None or a.killed:
-                continue
+        running = [a for a in self.rt.in_flight.values() if a.child is not None and not a.killed]
+        if len(running) > self.TASK_COUNTS_PER_TICK:
+            start = self._task_turn % len(running)
+            running = (running[start:] + running[:start])[:self.TASK_COUNTS_PER_TICK]
+            self._task_turn = start + self.TASK_COUNTS_PER_TICK
+        for a in running:
+            assert a.child is not None
             if a.child.tasks(limit) > limit:
                 log.warning("%s: the child runs more than %d tasks (processes and threads), "
                             "over --max-tasks-per-child; killing its whole tree", a.tag(), limit,
