@@ -522,6 +522,8 @@ def main() -> None:
     parser.add_argument("--backlog", action="store_true",
                         help="atlantis reuse c8 drains with 10k, 100k and 200k waiting")
     parser.add_argument("--targets", action="store_true", help="run the whole target table")
+    parser.add_argument("--leases", action="store_true",
+                        help="only the many-leases run (500 sleeping jobs) of the target table")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     opts = parser.parse_args()
     from benchmarks import targets  # the target table builds on this module
@@ -532,6 +534,9 @@ def main() -> None:
     try:
         if opts.targets:
             targets.main(env, jobs, latency, opts.quick)
+            return
+        if opts.leases:
+            targets.leases_only(env, opts.quick)
             return
         if opts.backlog:
             results = targets.backlog(env, targets.backlog_sizes(opts.quick))

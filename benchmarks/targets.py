@@ -196,15 +196,7 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
                  f"p50 {_ms(p50)}, p99 {_ms(p99)}", "p50 ≤ 5 ms, p99 ≤ 25 ms",
                  verdict(None if p50 is None or p99 is None else p50 <= 5 and p99 <= 25)])
 
-    rows.append([f"{leases.concurrency} concurrent sleeping jobs, heartbeat 3 s "
-                 f"({leases.running} running)" + (f"; {leases.note}" if leases.note else ""),
-                 f"{_f(leases.xacts_per_tick)} transactions of the database per renewal tick "
-                 f"(all of them, not only renewals), {_f(leases.rows_per_tick, '.0f')} job "
-                 f"rows renewed per tick; supervisor {_f(leases.supervisor_pct)}% of a core "
-                 f"over {leases.window_s:.0f} s",
-                 "one renewal statement per tick, supervisor ≤ 5% of a core",
-                 verdict(None if leases.xacts_per_tick is None or leases.supervisor_pct is None
-                         else leases.xacts_per_tick < 2 and leases.supervisor_pct <= 5)])
+    rows.append(leases_row(leases))
 
     rss = memory.rss
     peak = rss.peak_mb() if rss else None
@@ -238,6 +230,18 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
     return rows
 
 
+def leases_row(leases: Leases) -> list[str]:
+    return [f"{leases.concurrency} concurrent sleeping jobs, heartbeat 3 s "
+            f"({leases.running} running)" + (f"; {leases.note}" if leases.note else ""),
+            f"{_f(leases.xacts_per_tick)} transactions of the database per renewal tick "
+            f"(all of them, not only renewals), {_f(leases.rows_per_tick, '.0f')} job "
+            f"rows renewed per tick; supervisor {_f(leases.supervisor_pct)}% of a core "
+            f"over {leases.window_s:.0f} s",
+            "one renewal statement per tick, supervisor ≤ 5% of a core",
+            verdict(None if leases.xacts_per_tick is None or leases.supervisor_pct is None
+                    else leases.xacts_per_tick < 2 and leases.supervisor_pct <= 5)]
+
+
 def _n(v: float | None) -> str:
     return "—" if v is None else f"{v:,.0f}"
 
@@ -262,6 +266,12 @@ def _q(q: tuple[float, float] | None) -> str:
 
 def _flat(q: tuple[float, float]) -> bool:
     return abs(q[1] / q[0] - 1) <= 0.10
+
+
+def leases_only(env: Env, quick: bool) -> None:
+    leases = sleeping(env, quick)
+    print("\n" + header(env, "The many-leases run") + "\n")
+    print(markdown([["workload", "measured", "target", "verdict"], leases_row(leases)]))
 
 
 def main(env: Env, jobs: int, latency: int, quick: bool) -> None:
