@@ -1,38 +1,55 @@
 """pgqueuer side of ``python -m benchmarks.compare``: runs inside the pgqueuer venv only.
 
-    python pgqueuer_driver.py enqueue --dsn URL --jobs N
+    python pgqueuer_driver.py enqueue --dsn URL --jobs N [--spacing S]
     python pgqueuer_driver.py work --dsn URL [--batch-size B]
+    python pgqueuer_driver.py latencies --dsn URL
 
-``enqueue`` installs pgqueuer's schema and inserts N jobs for the no-op entrypoint;
-``work`` runs one QueueManager (asyncpg driver, continuous mode) until SIGTERM/SIGINT.
+``enqueue`` installs pgqueuer's schema (unless there) and inserts N jobs for the no-op entrypoint, 1,000 a
+call of the batch ``Queries.enqueue`` (or one a call, ``--spacing`` seconds apart), and
+prints ``{"seconds": ...}``: the time of the inserts alone. ``work`` runs one QueueManager
+(asyncpg driver, continuous mode) until SIGTERM/SIGINT. ``latencies`` prints the pickup
+latency of every picked job (ms, ``picked`` minus ``queued`` in ``pgqueuer_log``) as JSON.
 Written against pgqueuer 1.6's documented API (QueueManager, Queries, AsyncpgDriver).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
+import time
 from typing import Any
 
 import asyncpg  # type: ignore[import-not-found]
+from driver_common import parse, print_latencies, print_seconds  # type: ignore[import-not-found]
 from pgqueuer import AsyncpgDriver, Queries, QueueManager  # type: ignore[import-not-found]
 
 ENTRYPOINT = "noop"
+LATENCIES = """
+SELECT extract(epoch FROM p.created - q.created) * 1000
+FROM pgqueuer_log q JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked'
+WHERE q.status = 'queued'
+ORDER BY q.created, q.id
+"""
 
 
-async def enqueue(dsn: str, jobs: int) -> None:
+async def enqueue(dsn: str, jobs: int, spacing: float) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         queries = Queries(AsyncpgDriver(conn))
-        await queries.install()
-        for start in range(0, jobs, 1000):
-            count = min(1000, jobs - start)
+        if await conn.fetchval("SELECT to_regclass('pgqueuer')") is None:
+            await queries.install()
+        batch = 1 if spacing else 1000
+        started = time.perf_counter()
+        for start in range(0, jobs, batch):
+            count = min(batch, jobs - start)
             await queries.enqueue(
                 [ENTRYPOINT] * count,
                 [str(start + i).encode() for i in range(count)],
                 [0] * count,
             )
+            if spacing:
+                await asyncio.sleep(spacing)
+        print_seconds(started)
     finally:
         await conn.close()
 
@@ -57,17 +74,23 @@ async def work(dsn: str, batch_size: int | None) -> None:
         await conn.close()
 
 
+async def latencies(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(LATENCIES)
+        print_latencies([float(r[0]) for r in rows])
+    finally:
+        await conn.close()
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["enqueue", "work"])
-    parser.add_argument("--dsn", required=True)
-    parser.add_argument("--jobs", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=None)
-    opts = parser.parse_args()
+    opts = parse("dsn", batch_size=0)  # 0: the library's default
     if opts.command == "enqueue":
-        asyncio.run(enqueue(opts.dsn, opts.jobs))
+        asyncio.run(enqueue(opts.dsn, opts.jobs, opts.spacing))
+    elif opts.command == "work":
+        asyncio.run(work(opts.dsn, opts.batch_size or None))
     else:
-        asyncio.run(work(opts.dsn, opts.batch_size))
+        asyncio.run(latencies(opts.dsn))
 
 
 if __name__ == "__main__":
