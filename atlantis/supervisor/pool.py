@@ -26,6 +26,9 @@ from atlantis.supervisor.zygote import Zygote
 
 log = logging.getLogger("atlantis.supervisor")
 
+START_AT_ONCE = 2 * (os.cpu_count() or 1) + 2
+"""Children starting (an interpreter importing the app, or a fork) at one time, at most."""
+
 
 def child_environment(database_url: str, handler_database_url: str) -> dict[str, str]:
     """The environment every child starts with.
@@ -81,7 +84,12 @@ class Pool:
             forker = self._current_zygote()
             if not forker.ready:
                 return  # called again once it is
-        for _ in range(rt.settings.concurrency - len(live)):
+        # Interpreters start a few at a time: hundreds starting at once (--concurrency 500)
+        # would starve the supervisor of the CPU it needs to renew the leases of the
+        # attempts already running. Forks from the zygote are cheap but bounded alike.
+        starting = sum(1 for c in self.children if c.state == "starting")
+        room = max(0, START_AT_ONCE - starting)
+        for _ in range(min(rt.settings.concurrency - len(live), room)):
             try:
                 child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
                                     rt.settings.output_lines_per_second, forker)
@@ -214,6 +222,7 @@ class Pool:
                 return
             child.state = "idle"
             self.failed_starts = 0
+            self.ensure()  # the next ones may start now
             if child.generation != self.generation or rt.draining:
                 self.retire(child)
             else:
