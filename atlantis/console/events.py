@@ -88,9 +88,10 @@ class Broker:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Bounded: a task waiting on a database that does not answer must not hold the
+        # console's shutdown (a statement in a worker thread cannot be interrupted).
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait(self._tasks, timeout=5.0)
         self._tasks = []
 
     # -- subscriptions ------------------------------------------------------------------
