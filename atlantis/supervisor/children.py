@@ -29,7 +29,7 @@ from typing import Protocol
 import psutil
 
 from atlantis.child.main import TREE_VARIABLE
-from atlantis.child.tree import count_tasks, freeze
+from atlantis.child.tree import count_tasks, freeze, walk
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.messages import (
     Checkpoint,
@@ -325,18 +325,24 @@ class Child:
         """Resident memory of the child and its descendants, in bytes (refreshes descendants)."""
         if not self.pid:
             return 0
+        # The tree is walked through /proc/PID/task/TID/children (atlantis.child.tree.walk),
+        # in proportion to the tree: psutil's children() reads every process of the host,
+        # and hundreds of children each doing so blocked the event loop for seconds, long
+        # enough to lose leases (found with 500 sleeping attempts).
         try:
-            proc = psutil.Process(self.pid)
-            total = proc.memory_info().rss
-            for p in proc.children(recursive=True):
-                self.descendants.add(p)
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    continue
-            return total
+            total = psutil.Process(self.pid).memory_info().rss
         except psutil.Error:
             return 0
+        for pid, _threads in walk(self.pid):
+            if pid == self.pid:
+                continue
+            try:
+                p = psutil.Process(pid)
+                total += p.memory_info().rss
+                self.descendants.add(p)
+            except psutil.Error:
+                continue
+        return total
 
     def tag(self) -> str:
         return self.label.tag() if self.label is not None else f"child={self.pid}"
