@@ -43,9 +43,8 @@ class Claimer(Service):
         self.completer = completer
         self.jobs = jobs
         self._orphans_possible = False
-        self._held_went_stale = False
-        """Held rows went stale: hold none until an attempt ends (a child is free)."""
-        self._stale_at = 0
+        self._stale_at: int | None = None
+        """``rt.attempts_ended`` when held rows last went stale: hold none until it moves."""
 
     def loops(self) -> list[Loop]:
         return [self._claim_loop]
@@ -86,7 +85,8 @@ class Claimer(Service):
         """How many rows to hold ahead of need now: none until attempts proved short."""
         rt = self.rt
         typical = rt.typical_attempt
-        if typical is None or typical >= rt.settings.claim_ahead_hold / 2 or self._held_went_stale:
+        if (typical is None or typical >= rt.settings.claim_ahead_hold / 2
+                or self._stale_at is not None):
             return 0
         return rt.settings.ahead
 
@@ -106,15 +106,14 @@ class Claimer(Service):
         rt.held.extend(keep)
         if given and stale_only:
             # Every child is busy with something longer: claim no more ahead until one is free.
-            self._held_went_stale = True
             self._stale_at = rt.attempts_ended
             log.info("gave back %d rows claimed ahead: no child was free within %s",
                      given, format_duration(rt.settings.claim_ahead_hold))
 
     async def _claim(self) -> None:
         rt = self.rt
-        if self._held_went_stale and rt.attempts_ended != self._stale_at:
-            self._held_went_stale = False  # an attempt ended since: a child is free again
+        if self._stale_at is not None and rt.attempts_ended != self._stale_at:
+            self._stale_at = None  # an attempt ended since: a child is free again
         self.pool.feed()
         idle = len(self.pool.idle())
         ahead = self._ahead()
