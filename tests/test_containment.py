@@ -364,7 +364,10 @@ HOSTILE = {
     "huge-error": ("dead", "exception", "truncated"),
     "exit3": ("dead", "exit", "sys.exit(3)"),
     "keyboard-interrupt": ("dead", "exception", "KeyboardInterrupt"),
-    "close-fds": ("dead", "crash", "child exited with code 4: the child lost its events pipe ("),
+    # The result cannot be sent; unless the watchdog thread, awake for the attempt's start,
+    # saw its control pipe closed first.
+    "close-fds": ("dead", "crash", ("child exited with code 4: the child lost its events pipe (",
+                                    "killed by SIGKILL: the child lost its control pipe (")),
     "close-fds-sleep": ("dead", "crash", "killed by SIGKILL: the child lost its control pipe ("),
     "kill-watchdog": ("dead", "crash", "killed by SIGKILL: the child's watchdog failed ("),
 }
@@ -380,7 +383,8 @@ def test_whatever_a_handler_does_ends_its_attempt_only(
     for mode, (state, kind, text) in HOSTILE.items():
         row = wait_state(db, ids[mode], "complete", "dead")
         assert row["state"] == state and row["errors"][-1]["kind"] == kind, (mode, row["errors"])
-        assert text in row["last_error"], (mode, row["last_error"])
+        texts = (text,) if isinstance(text, str) else text
+        assert any(t in row["last_error"] for t in texts), (mode, row["last_error"])
     assert wait_state(db, ids["args"], "dead")["errors"][-1]["kind"] == "args"
     _all_complete(db, ok)
     assert sup.proc.poll() is None

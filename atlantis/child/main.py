@@ -88,15 +88,15 @@ def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
     watchdog = Watchdog(control_fd)
     watchdog.start()
     channel.send(Ready(pid=os.getpid(), tree=tree))
+    # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
+    signal.signal(signal.SIGTERM, term.handler)
     while True:
-        # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        term.idle = True
         try:
-            run = watchdog.runs.get()
+            run = watchdog.next_run()
         except KeyboardInterrupt:
             return 0
         term.reset()
-        signal.signal(signal.SIGTERM, term.handler)
         try:
             done, must_exit = run_attempt(registry, run, channel, watchdog, term)
         except BaseException as exc:  # the child's own failure, after the handler: say so

@@ -1,10 +1,19 @@
-"""The watchdog thread: owns the control pipe and enforces the lease on its own.
+"""The watchdog: reads the control pipe and enforces the lease on its own.
 
-It reads typed control frames (``Run``, ``Lease``, ``Cancel``), hands runs to the main
-thread and marks the running attempt cancelled. If no renewal arrives before the lease's
-end minus a margin (the supervisor may be paused, swapped out or wedged), it kills this
-process tree, so the attempt is dead before any other worker may claim the row. It kills
-the tree too, after a line on stderr, when:
+Control frames (``Run``, ``Lease``, ``Cancel``, ``Stopping``) arrive on one pipe, read by
+one thread at a time:
+
+- between attempts the main thread reads it itself (:meth:`Watchdog.next_run`), so a
+  ``Run`` starts with a single wake-up, not a hand-over between two threads;
+- during an attempt the watchdog thread reads it: it applies renewals and marks the
+  attempt cancelled or stopping. It takes the pipe over at once when the attempts before
+  were long, and otherwise within :data:`TAKEOVER` (a no-op attempt ends before that and
+  costs the thread nothing).
+
+If no renewal arrives before the lease's end minus a margin (the supervisor may be
+paused, swapped out or wedged), the watchdog kills this process tree, so the attempt is
+dead before any other worker may claim the row. It is woken in time for that whatever
+else it waits for. It kills the tree too, after a line on stderr, when:
 
 - the control pipe reaches EOF (the supervisor died; quietly, nobody is left to read it);
 - a control frame is malformed ("corrupt control stream");
@@ -18,10 +27,10 @@ from __future__ import annotations
 
 import math
 import os
-import queue
 import select
 import threading
 import time
+from collections import deque
 from typing import NoReturn
 
 from atlantis.child.channel import identity
@@ -32,8 +41,14 @@ from atlantis.context import JobContext
 from atlantis.protocol.framing import MAX_FRAME, ProtocolError
 from atlantis.protocol.messages import Cancel, EventReader, Lease, Run, Stopping
 
-#: How often, at the least, the watchdog checks that its control pipe is still there.
+#: How often, at the least, the control pipe is checked to still be there.
 CHECK_INTERVAL = 1.0
+#: An attempt running this long has the watchdog thread reading the control pipe.
+TAKEOVER = 0.25
+#: Attempts shorter than this do not wake the watchdog thread when they start.
+SHORT_ATTEMPT = 0.02
+#: Bytes read from the control pipe at a time (a smaller read needs no fresh mapping).
+READ_SIZE = 65536
 _POLL_BROKEN = select.POLLNVAL | select.POLLERR
 
 
@@ -42,31 +57,86 @@ class Watchdog(threading.Thread):
         super().__init__(name="atlantis-watchdog", daemon=True)
         self._fd = control_fd
         self._identity = identity(control_fd)
+        os.set_blocking(control_fd, False)
+        # The main thread wakes the watchdog thread through this pipe, when it must look
+        # sooner than it would on its own (a lease ending soon, a long attempt starting).
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_ids = identity(self._wake_r), identity(self._wake_w)
         self._reader = EventReader(max_frame=MAX_FRAME, expect=(Run, Lease, Cancel, Stopping))
-        self.runs: queue.Queue[Run] = queue.Queue()
-        self._lock = threading.Lock()
+        self._runs: deque[Run] = deque()
+        self._lock = threading.Lock()  # the state below, and reading the pipe
         self._job_id: int | None = None
         self._lease_end = math.inf
         self._margin = 0.0
         self._cancelled: int | None = None
         self._stopping: int | None = None
+        self._began: float | None = None  # monotonic start of the running attempt
+        self._last_length = math.inf  # how long the previous attempt took
+        # One poll object per thread: CPython refuses concurrent calls on one.
+        self._main_poller = select.poll()
+        self._main_poller.register(self._fd, select.POLLIN | select.POLLHUP)
+        self._idle_poller = select.poll()
+        self._idle_poller.register(self._wake_r, select.POLLIN)
+        self._busy_poller = select.poll()
+        self._busy_poller.register(self._wake_r, select.POLLIN)
+        self._busy_poller.register(self._fd, select.POLLIN | select.POLLHUP)
         self.ctx: JobContext | None = None
+
+    # ---- the main thread -------------------------------------------------------------------
+
+    def next_run(self) -> Run:
+        """Wait for the next ``Run``, reading the control pipe (main thread, between attempts).
+
+        Raises KeyboardInterrupt on SIGINT; ends the process as the watchdog thread would
+        on EOF, a corrupt frame or a lost pipe.
+        """
+        while True:
+            with self._lock:
+                if self._runs:
+                    return self._runs.popleft()
+            events = self._main_poller.poll(int(CHECK_INTERVAL * 1000))
+            self._check_pipe(events)
+            if events:
+                with self._lock:
+                    self._read()
 
     def attempt_started(self, ctx: JobContext) -> None:
         with self._lock:
             self.ctx = ctx
+            self._began = time.monotonic()
             if self._cancelled == ctx.job_id:  # a cancel that came before the handler started
                 ctx._cancelled = True
             if self._stopping == ctx.job_id:
                 ctx._stopping = True
+            # Short attempts end before the thread would take the pipe over: leave it
+            # asleep, unless attempts are long or the lease ends before its next look.
+            wake = (self._last_length >= SHORT_ATTEMPT
+                    or self._lease_end - self._margin - self._began < CHECK_INTERVAL)
+        if wake:
+            self._poke()
 
     def attempt_ended(self) -> None:
         with self._lock:
+            if self._began is not None:
+                self._last_length = time.monotonic() - self._began
+            self._began = None
             self._job_id = None
             self._lease_end = math.inf
             self._cancelled = None
             self._stopping = None
             self.ctx = None
+
+    def _poke(self) -> None:
+        try:
+            if identity(self._wake_w) != self._wake_ids[1]:  # a handler closed it
+                raise OSError(f"descriptor {self._wake_w} now refers to another file")
+            os.write(self._wake_w, b"!")
+        except BlockingIOError:  # already full of wake-ups
+            pass
+        except OSError as exc:
+            self._lost(exc)
+
+    # ---- the watchdog thread ---------------------------------------------------------------
 
     def run(self) -> None:
         try:
@@ -74,66 +144,90 @@ class Watchdog(threading.Thread):
         except BaseException as exc:  # without this thread no lease is enforced: stop all
             self._stop(f"the child's watchdog failed ({describe(exc)})")
 
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                began = self._began
+                stop_at = self._lease_end - self._margin
+                now = time.monotonic()
+                if now >= stop_at:
+                    self._stop("no lease renewal reached this child before the lease's end")
+                wait = min(CHECK_INTERVAL, stop_at - now)
+                busy = began is not None and (
+                    now - began >= TAKEOVER or self._last_length >= SHORT_ATTEMPT)
+                if not busy:  # the main thread has the pipe; look again at the takeover
+                    wait = min(wait, TAKEOVER if began is None else began + TAKEOVER - now)
+            poller = self._busy_poller if busy else self._idle_poller
+            events = poller.poll(max(1, math.ceil(wait * 1000)))
+            self._check_pipe(events)
+            for fd, _revents in events:
+                if fd == self._wake_r:
+                    self._drain_wake()
+                elif fd == self._fd:
+                    with self._lock:
+                        if self._began is not None:  # else the pipe is the main thread's again
+                            self._read()
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            self._lost(exc)
+
+    # ---- either thread ---------------------------------------------------------------------
+
+    def _check_pipe(self, events: list[tuple[int, int]]) -> None:
+        try:
+            for fd, expected in ((self._fd, self._identity), (self._wake_r, self._wake_ids[0])):
+                if identity(fd) != expected:
+                    raise OSError(f"descriptor {fd} now refers to another file")
+        except OSError as exc:
+            self._lost(exc)
+        if any(revents & _POLL_BROKEN for _fd, revents in events):
+            self._lost(OSError(f"poll reports descriptor {self._fd} unusable"))
+
+    def _read(self) -> None:
+        """Read what the pipe holds and handle it (with the lock held)."""
+        try:
+            data = os.read(self._fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+        if not data:  # the supervisor is gone: nothing of ours may outlive it
+            kill_group()
+        try:
+            messages = self._reader.feed(data)
+        except ProtocolError as exc:
+            self._stop(f"corrupt control stream ({exc})")
+        for msg in messages:
+            self._handle(msg)
+
     def _stop(self, why: str) -> NoReturn:
         job = "-" if self._job_id is None else self._job_id
         say(f"atlantis: job={job}: {why}; stopping the attempt")
         kill_group()
 
-    def _serve(self) -> None:
-        os.set_blocking(self._fd, False)
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN | select.POLLHUP)
-        while True:
-            with self._lock:
-                stop_at = self._lease_end - self._margin
-            wait = stop_at - time.monotonic()
-            if wait <= 0:
-                self._stop("no lease renewal reached this child before the lease's end")
-            timeout_ms = max(1, int(min(wait, CHECK_INTERVAL) * 1000))
-            events = poller.poll(timeout_ms)
-            try:
-                if identity(self._fd) != self._identity:
-                    raise OSError(f"descriptor {self._fd} now refers to another file")
-            except OSError as exc:
-                self._lost(exc)
-            if not events:
-                continue
-            if any(revents & _POLL_BROKEN for _fd, revents in events):
-                self._lost(OSError(f"poll reports descriptor {self._fd} unusable"))
-            try:
-                data = os.read(self._fd, 1 << 20)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError as exc:
-                self._lost(exc)
-            if not data:  # the supervisor is gone: nothing of ours may outlive it
-                kill_group()
-            try:
-                messages = self._reader.feed(data)
-            except ProtocolError as exc:
-                self._stop(f"corrupt control stream ({exc})")
-            for msg in messages:
-                self._handle(msg)
-
     def _lost(self, exc: OSError) -> NoReturn:
         self._stop(f"the child lost its control pipe ({exc})")
 
     def _handle(self, msg: object) -> None:
-        with self._lock:
-            if isinstance(msg, Run):
-                self._job_id = msg.job_id
-                self._lease_end = msg.lease_end
-                self._margin = msg.lease_margin
-                self._cancelled = None
-                self._stopping = None
-                self.runs.put(msg)
-            elif isinstance(msg, Lease) and msg.job_id == self._job_id:
-                self._lease_end = max(self._lease_end, msg.lease_end)
-            elif isinstance(msg, Cancel) and msg.job_id == self._job_id:
-                self._cancelled = msg.job_id
-                if self.ctx is not None and self.ctx.job_id == msg.job_id:
-                    self.ctx._cancelled = True
-            elif isinstance(msg, Stopping) and msg.job_id == self._job_id:
-                self._stopping = msg.job_id
-                if self.ctx is not None and self.ctx.job_id == msg.job_id:
-                    self.ctx._stopping = True
+        if isinstance(msg, Run):
+            self._job_id = msg.job_id
+            self._lease_end = msg.lease_end
+            self._margin = msg.lease_margin
+            self._cancelled = None
+            self._stopping = None
+            self._runs.append(msg)
+        elif isinstance(msg, Lease) and msg.job_id == self._job_id:
+            self._lease_end = max(self._lease_end, msg.lease_end)
+        elif isinstance(msg, Cancel) and msg.job_id == self._job_id:
+            self._cancelled = msg.job_id
+            if self.ctx is not None and self.ctx.job_id == msg.job_id:
+                self.ctx._cancelled = True
+        elif isinstance(msg, Stopping) and msg.job_id == self._job_id:
+            self._stopping = msg.job_id
+            if self.ctx is not None and self.ctx.job_id == msg.job_id:
+                self.ctx._stopping = True

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from psycopg.types.json import Jsonb
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +93,6 @@ class Result:
     log_dropped: int = 0
 
 
-def _jsonb(value: dict[str, Any] | None) -> Jsonb | None:
-    # orjson: fast, and it refuses lone surrogates rather than writing invalid JSON.
-    return None if value is None else Jsonb(value, dumps=lambda v: orjson.dumps(v).decode())
-
-
 def touch_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
     return {
         "ids": [r.job_id for r in batch],
@@ -112,21 +106,18 @@ def touch_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
 
 def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
                   pid: int | None = None) -> dict[str, Any]:
+    """The finish statement's parameters. The results go as one JSON array (orjson: fast,
+    and it refuses lone surrogates rather than writing invalid JSON: TypeError)."""
     return {
-        "labels": [r.label or r.state for r in batch],
-        "child_pids": [r.child_pid for r in batch],
-        "log_lines": [r.log_lines for r in batch],
-        "log_dropped": [r.log_dropped for r in batch],
+        "results": orjson.dumps([{
+            "id": r.job_id, "attempt": r.attempt, "state": r.state, "spent": r.spent,
+            "delay": r.delay, "error": r.error, "has_progress": r.progress is not None,
+            "pct": r.progress.pct if r.progress else None,
+            "msg": r.progress.msg if r.progress else None,
+            "label": r.label or r.state, "child_pid": r.child_pid,
+            "log_lines": r.log_lines, "log_dropped": r.log_dropped,
+        } for r in batch]).decode(),
         "host": host,
         "pid": pid,
-        "ids": [r.job_id for r in batch],
-        "attempts": [r.attempt for r in batch],
-        "states": [r.state for r in batch],
-        "spent": [r.spent for r in batch],
-        "delays": [r.delay for r in batch],
-        "errors": [_jsonb(r.error) for r in batch],
-        "has_progress": [r.progress is not None for r in batch],
-        "pcts": [r.progress.pct if r.progress else None for r in batch],
-        "msgs": [r.progress.msg if r.progress else None for r in batch],
         "worker": worker,
     }

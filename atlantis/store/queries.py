@@ -83,7 +83,7 @@ class Queries:
             for name, body in zip(parts[1::2], parts[2::2], strict=True):
                 if name in found:
                     raise ValueError(f"query {name!r} is defined twice")
-                found[name] = body.strip()
+                found[name] = _compact(body)
         expected = set(type(self).__annotations__)
         if set(found) != expected:
             raise ValueError(
@@ -92,6 +92,16 @@ class Queries:
             )
         for name, body in found.items():
             setattr(self, name, body)
+
+
+def _compact(body: str) -> str:
+    """The statement without its comment lines and indentation.
+
+    Shorter text is cheaper to send, and psycopg caches the conversion of statements only
+    up to 4 KiB. No statement here has a string literal spanning lines.
+    """
+    lines = (line.strip() for line in body.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def _load() -> Queries:

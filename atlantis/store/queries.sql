@@ -95,13 +95,11 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 -- meanwhile wins over whatever the attempt did: the row ends `cancelled`. Each written
 -- attempt is also recorded in atlantis.attempts (the timeline).
 WITH r AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::text[],
-                         %(spent)s::bool[], %(delays)s::float8[], %(errors)s::jsonb[],
-                         %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[],
-                         %(labels)s::text[], %(child_pids)s::int[], %(log_lines)s::int[],
-                         %(log_dropped)s::int[])
-        AS r(id, attempt, state, spent, delay, error, has_progress, pct, msg, label, child_pid,
-             log_lines, log_dropped)
+    -- One JSON array of result objects: one parameter to send, parsed in C on both sides.
+    SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
+        AS r(id bigint, attempt int, state text, spent bool, delay float8, error jsonb,
+             has_progress bool, pct float8, msg text, label text, child_pid int,
+             log_lines int, log_dropped int)
 ), cur AS (
     SELECT r.*, j.started_at AS attempt_started,
            -- Cancelled, but not by this outcome's own cancelled error: append one.

@@ -154,7 +154,8 @@ class Child:
 
     def _read_events(self) -> None:
         try:
-            data = os.read(self.events_fd, 1 << 20)
+            # 64 KiB: a larger buffer is a fresh mapping of memory on every read.
+            data = os.read(self.events_fd, 1 << 16)
         except BlockingIOError:
             return
         except OSError:

@@ -34,6 +34,7 @@ class Completer(Service):
     def __init__(self, rt: Runtime) -> None:
         super().__init__(rt)
         self.db = rt.db("finish")
+        self._host = socket.gethostname()
         self.queue: list[tuple[Attempt, Result]] = []
         self.writing: list[tuple[Attempt, Result]] = []
         self.flush = asyncio.Event()
@@ -107,9 +108,11 @@ class Completer(Service):
             await self._check_written(a, result, written)
 
     async def _finish(self, results: Sequence[Result]) -> set[int]:
-        rows = await self.db.fetch_rows(FinishedRow, Q.finish,
-                                        finish_params(self.rt.worker_id, results,
-                                                      socket.gethostname(), os.getpid()),
+        try:
+            params = finish_params(self.rt.worker_id, results, self._host, os.getpid())
+        except TypeError as exc:  # not encodable as JSON (a lone surrogate): refused as data
+            raise StatementRejected(f"a result could not be encoded: {exc}", None) from exc
+        rows = await self.db.fetch_rows(FinishedRow, Q.finish, params,
                                         timeout=self.rt.settings.finish_timeout)
         return {r.id for r in rows}
 
