@@ -326,6 +326,22 @@ def test_renewed_leases_keep_the_attempt_alive(survivor: Child) -> None:
     assert done.outcome == "discard"
 
 
+
+def test_after_short_attempts_a_long_one_still_hears_renewals_and_its_cancel(
+        survivor: Child) -> None:
+    """Short attempts leave the watchdog thread asleep; it takes the pipe over for a long one."""
+    for _ in range(20):
+        assert survivor.attempt("ok")[1].outcome == "complete"
+    job_id = survivor.run("sleep", lease=2.0, margin=0.5)
+    for _ in range(10):  # 2.5 s: past the first lease's end
+        survivor.send(Lease(job_id=job_id, lease_end=time.monotonic() + 2.0))
+        time.sleep(0.25)
+    survivor.send(Cancel(job_id=job_id))
+    _, done = survivor.done(job_id)
+    assert done.outcome == "discard" and done.error is not None
+    assert done.error.message == "saw the cancel"
+    survivor.still_serves()
+
 # ---- faults that end the child, loudly -----------------------------------------------------
 
 def test_sigterm_fails_the_attempt_then_the_child_exits(child: Child) -> None:
@@ -375,7 +391,10 @@ def test_a_lost_events_pipe_ends_the_child_with_exit_protocol(child: Child) -> N
     assert "the child lost its events pipe ([Errno 32] Broken pipe)" in child.stderr()
 
 
-def test_a_lease_that_is_not_renewed_kills_the_child(child: Child) -> None:
+@pytest.mark.parametrize("short_attempts_before", [0, 20])
+def test_a_lease_that_is_not_renewed_kills_the_child(child: Child, short_attempts_before: int) -> None:
+    for _ in range(short_attempts_before):  # the watchdog thread asleep: woken for this lease
+        assert child.attempt("ok")[1].outcome == "complete"
     job_id = child.run("sleep", lease=1.0, margin=0.25)
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
