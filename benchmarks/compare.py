@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -168,6 +169,8 @@ class Env:
         self.redis: RedisServer | None = None
         self.redis_missing = ""
         self.runs = 0
+        self.atlantis_args: list[str] = []
+        """Extra ``atlantis-supervise`` options for every atlantis run (``--atlantis-args``)."""
         self.atl_version = installed_version(Path(sys.executable), "atlantis-jobs") or "?"
 
     def prepare(self, system: System) -> tuple[Path | None, str, str]:
@@ -263,7 +266,7 @@ def start_worker(env: Env, system: System, python: Path | None, url: str,
                  log: Path) -> subprocess.Popen[bytes]:
     if python is None:
         cmd = [str(Path(sys.executable).parent / "atlantis-supervise"), "--queue", "bench",
-               "--app", APP, "--database-url", url, *system.worker_args]
+               "--app", APP, "--database-url", url, *system.worker_args, *env.atlantis_args]
     else:
         cmd = [*driver_cmd(env, system, python, "work", url), *system.worker_args]
     with open(log, "wb") as out:
@@ -525,12 +528,15 @@ def main() -> None:
     parser.add_argument("--leases", action="store_true",
                         help="only the many-leases run (500 sleeping jobs) of the target table")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--atlantis-args", default="",
+                        help='extra atlantis-supervise options, e.g. "--claim-ahead 8"')
     opts = parser.parse_args()
     from benchmarks import targets  # the target table builds on this module
 
     jobs = opts.jobs or (2000 if opts.quick else 20000)
     latency = opts.latency_jobs if opts.latency_jobs is not None else (50 if opts.quick else 300)
     env = Env(opts.poll, opts.timeout)
+    env.atlantis_args = shlex.split(opts.atlantis_args)
     try:
         if opts.targets:
             targets.main(env, jobs, latency, opts.quick)

@@ -16,6 +16,8 @@ from atlantis.protocol.messages import ChildError, Done
 from atlantis.store import Q
 from atlantis.store.jobs import Result, finish_params
 from atlantis.supervisor import policy
+from atlantis.supervisor.claimer import rows_ahead
+from atlantis.supervisor.settings import Settings
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
 
 
@@ -430,3 +432,15 @@ def test_a_drain_gives_held_rows_back_unspent(db: psycopg.Connection[Any],
     timeline = db.execute("SELECT outcome, count(*) FROM atlantis.attempts WHERE job_id = ANY(%s)"
                           " GROUP BY 1", (ids,)).fetchall()
     assert dict(timeline) == {"complete": states[("complete", 1)]}
+
+
+def test_rows_held_ahead_cover_about_a_tenth_of_a_second_of_work() -> None:
+    s = Settings(queues=("q",), concurrency=8)
+    assert rows_ahead(s, None) == 0  # no attempt ended yet
+    assert rows_ahead(s, 0.5) == 0  # attempts not short: nothing held
+    assert rows_ahead(s, 0.4) == 2  # 8 children x 0.1 s / 0.4 s
+    assert rows_ahead(s, 0.01) == 80
+    assert rows_ahead(s, 0.0001) == 128  # capped: 16 x concurrency by default
+    assert rows_ahead(Settings(queues=("q",), concurrency=8, claim_ahead=20), 0.0001) == 20
+    assert rows_ahead(Settings(queues=("q",), concurrency=8, claim_ahead=0), 0.0001) == 0
+    assert rows_ahead(Settings(queues=("q",), concurrency=1), 0.45) == 1  # at least one

@@ -5,9 +5,11 @@ in a transaction so that a claim delivered late is rolled back). It wakes on NOT
 child becoming idle, and polls as a fallback. Rows of a claim whose answer was lost (the
 COMMIT went through, its reply did not) are given back at the next round.
 
-Claiming ahead: while attempts are short, a claim also takes up to ``--claim-ahead`` rows
-for children that are still busy (``rt.held``). The pool starts one the moment a child is
-free, without waiting for a round trip, and claims come in bigger batches. A held row is
+Claiming ahead: while attempts are short, a claim also takes rows for children that are
+still busy (``rt.held``): about ``claim_ahead_window`` (100 ms) of work at the current
+pace, at most ``--claim-ahead`` (:func:`rows_ahead`). The pool starts one the moment a
+child is free, without waiting for a round trip, and claims come in big batches (a claim
+costs PostgreSQL mostly per statement, not per row). A held row is
 ``running`` in the database, so the window is bounded: rows are held only while attempts
 typically take under half of ``claim_ahead_hold`` (1 s), and a row no child took within
 that time (or a quarter of its heartbeat, if shorter) is given back at once, unspent. A
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from atlantis.store.jobs import ClaimedRow, ReleasedRow
 from atlantis.store.queries import Q
@@ -28,9 +31,21 @@ from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.pool import Pool
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.supervisor.settings import Settings
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
+
+
+def rows_ahead(s: Settings, typical: float | None) -> int:
+    """Rows to hold ahead of need: none until attempts proved short (their moving average
+    ``typical`` under half of ``claim_ahead_hold``), then about ``claim_ahead_window`` of
+    work at the current pace (``concurrency / typical`` attempts a second), at least one
+    and at most ``--claim-ahead``."""
+    if typical is None or typical >= s.claim_ahead_hold / 2 or not s.ahead:
+        return 0
+    pace = math.ceil(s.concurrency * s.claim_ahead_window / max(typical, 1e-6))
+    return min(s.ahead, max(1, pace))
 
 
 class Claimer(Service):
@@ -82,13 +97,10 @@ class Claimer(Service):
             failures = 0
 
     def _ahead(self) -> int:
-        """How many rows to hold ahead of need now: none until attempts proved short."""
-        rt = self.rt
-        typical = rt.typical_attempt
-        if (typical is None or typical >= rt.settings.claim_ahead_hold / 2
-                or self._stale_at is not None):
+        """How many rows to hold ahead of need now (none after held rows went stale)."""
+        if self._stale_at is not None:
             return 0
-        return rt.settings.ahead
+        return rows_ahead(self.rt.settings, self.rt.typical_attempt)
 
     def give_back_held(self, *, stale_only: bool = False) -> None:
         """Give held rows back (unspent): the stale ones, or all of them (a drain)."""

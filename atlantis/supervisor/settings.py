@@ -48,9 +48,10 @@ class Settings:
     isolation: str = _opt("choice", "reuse: long-lived children; fresh: a new process per attempt.",
                           default="reuse", choices=("reuse", "fresh"))
     claim_ahead: int | None = _opt(
-        "int", "Rows claimed ahead of need, started the moment a child is free, while attempts "
-        "are short (typically under half of 1s); a row no child took within 1s is given back "
-        "(0: off). Default: --concurrency.", default=None)
+        "int", "At most this many rows claimed ahead of need, started the moment a child is "
+        "free, while attempts are short (typically under half of 1s), and no more than about "
+        "100ms of work at the current pace; a row no child took within 1s is given back "
+        "(0: off). Default: 16 x --concurrency.", default=None)
     max_jobs_per_child: int = _opt("int", "Recycle a reused child after N attempts (0: never).",
                                    default=0)
     max_memory_per_child: int = _opt("size", "Kill a child whose resident memory passes this, "
@@ -119,6 +120,9 @@ class Settings:
                                  default=30 * DAY)
     retention_interval: float = _opt("duration", "How often finished jobs are pruned (one "
                                      "supervisor at a time).", default=60.0, hidden=True)
+    claim_ahead_window: float = _opt("duration", "Rows claimed ahead cover about this much "
+                                     "work at the current pace (at most --claim-ahead).",
+                                     default=0.1, hidden=True)
     claim_ahead_hold: float = _opt("duration", "A row claimed ahead that no child took within "
                                    "this is given back; rows are claimed ahead only while "
                                    "attempts typically take under half of it.",
@@ -142,7 +146,8 @@ class Settings:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
                      "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
-                     "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold"):
+                     "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold",
+                     "claim_ahead_window"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self
@@ -150,7 +155,7 @@ class Settings:
     @property
     def ahead(self) -> int:
         """How many rows may be claimed ahead of need at most (``--claim-ahead``)."""
-        return self.concurrency if self.claim_ahead is None else self.claim_ahead
+        return 16 * self.concurrency if self.claim_ahead is None else self.claim_ahead
 
     @property
     def child_database_url(self) -> str:
