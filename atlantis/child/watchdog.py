@@ -71,7 +71,9 @@ class Watchdog(threading.Thread):
         self._cancelled: int | None = None
         self._stopping: int | None = None
         self._began: float | None = None  # monotonic start of the running attempt
-        self._last_length = math.inf  # how long the previous attempt took
+        # How long the previous attempt took: short until shown otherwise (a fresh worker
+        # runs one attempt; a long first one is taken over within TAKEOVER all the same).
+        self._last_length = 0.0
         # One poll object per thread: CPython refuses concurrent calls on one.
         self._main_poller = select.poll()
         self._main_poller.register(self._fd, select.POLLIN | select.POLLHUP)
