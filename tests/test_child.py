@@ -557,17 +557,3 @@ def test_text_helpers_accept_anything() -> None:
     assert checkpoint_msg("\ud800" * 2000) == ("\\ud800" * 2000)[:MAX_CHECKPOINT_CHARS]
     error = child_error("discarded", 123)
     assert (error.kind, error.message, error.traceback) == ("discarded", "123", None)
-
-
-def test_a_child_that_never_touches_the_database_does_not_load_psycopg() -> None:
-    """The database functions of ``atlantis`` load psycopg on first use: children and the
-    zygote stay smaller, and every fork of the zygote costs less."""
-    code = ("import sys, atlantis, atlantis.child.main, atlantis.child.zygote, tests.apps.hostile\n"
-            "print('psycopg' in sys.modules)\n"
-            "from atlantis import enqueue_many, cancel\n"
-            "print('psycopg' in sys.modules, enqueue_many.__module__, cancel.__module__)\n"
-            "try:\n    atlantis.nothing_here\nexcept AttributeError as exc:\n    print(exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.splitlines()
-    assert out == ["False", "True atlantis.enqueue atlantis.operations",
-                   "module 'atlantis' has no attribute 'nothing_here'"]
