@@ -82,8 +82,9 @@ def test_a_drain_is_not_a_cancel_and_a_cancel_during_a_drain_still_cancels(
     row = wait_state(db, yielding, "available")
     wait_for(lambda: "saw-stopping" in _kinds(db, "yield"), message="the handler to see stopping")
     assert row["attempt"] == 0 and row["errors"] == []
+    wait_for(lambda: _kinds(db, "wait")[-1] != "started", message="the other to see stopping")
     assert _kinds(db, "wait")[-1] == "cancelled=False stopping=True"
-    assert job_row(db, waiting)["state"] == "complete"
+    assert wait_state(db, waiting, "complete")["state"] == "complete"
     assert sup.wait(30) == 0
 
 
