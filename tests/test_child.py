@@ -358,12 +358,12 @@ def test_closing_every_descriptor_then_returning_ends_the_child(child: Child) ->
     job_id = child.run("close-fds")
     assert child.next() is None  # no Done: the child could not send it
     code = child.wait()
-    if code == EXIT_PROTOCOL:  # as a rule: the Done cannot be sent
-        assert (f"atlantis: job={job_id}: the child lost its events pipe "
-                "([Errno 9] Bad file descriptor)") in child.stderr()
-    else:  # unless the watchdog's once-a-second check came first
-        assert code == -signal.SIGKILL
-        assert f"atlantis: job={job_id}: the child lost its control pipe (" in child.stderr()
+    # As a rule the Done cannot be sent (exit 4); the watchdog thread may notice its control
+    # pipe gone first (SIGKILL), and then either may speak first.
+    assert code in (EXIT_PROTOCOL, -signal.SIGKILL)
+    assert (f"atlantis: job={job_id}: the child lost its events pipe "
+            "([Errno 9] Bad file descriptor)" in child.stderr()
+            or "the child lost its control pipe (" in child.stderr())
 
 
 def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> None:

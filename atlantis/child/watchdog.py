@@ -161,7 +161,7 @@ class Watchdog(threading.Thread):
                     wait = min(wait, TAKEOVER if began is None else began + TAKEOVER - now)
             poller = self._busy_poller if busy else self._idle_poller
             events = poller.poll(max(1, math.ceil(wait * 1000)))
-            if busy:  # else the main thread has the pipe, and checks it itself
+            if busy and self._began is not None:  # else the main thread has the pipe
                 self._check_pipe(events)
             for fd, _revents in events:
                 if fd == self._wake_r:

@@ -28,6 +28,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -240,70 +241,110 @@ def from_dict(raw: object, *, expect: tuple[type[Any], ...] | None = None) -> Me
         raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
     if expect is not None and cls not in expect:
         raise ProtocolError(f"unexpected message {kind!r}")
-    msg: Message = _build(cls, raw, str(kind))
+    msg: Message = _BUILDERS[cls](raw)
     return msg
 
 
-def _build(cls: type[Any], raw: dict[str, Any], where: str) -> Any:
-    hints = _HINTS[cls]
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        if name not in hints:
-            raise ProtocolError(f"{where}: unknown field {name[:40]!r}")
-        values[name] = _check(value, hints[name], f"{where}.{name}")
-    missing = _REQUIRED[cls] - values.keys()
-    if missing:
-        raise ProtocolError(f"{where}: missing {', '.join(sorted(missing))}")
-    return cls(**values)
+# Validation is compiled once per message type and field from the dataclasses' type hints
+# (a closure per field): looking the hints up for every frame cost more than the rest of
+# a frame's handling.
+_Checker = Callable[[Any], Any]
 
 
-def _check(value: Any, tp: Any, where: str) -> Any:
+def _builder(cls: type[Any], where: str) -> _Checker:
+    checks = {name: _compile(tp, f"{where}.{name}") for name, tp in _HINTS[cls].items()}
+    required = _REQUIRED[cls]
+
+    def build(raw: dict[str, Any]) -> Any:
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            check = checks.get(name)
+            if check is None:
+                raise ProtocolError(f"{where}: unknown field {name[:40]!r}")
+            values[name] = check(value)
+        missing = required - values.keys()
+        if missing:
+            raise ProtocolError(f"{where}: missing {', '.join(sorted(missing))}")
+        return cls(**values)
+
+    return build
+
+
+def _compile(tp: Any, where: str) -> _Checker:
+    """A function that returns ``value`` if it is of type ``tp``, else raises ProtocolError."""
     origin = get_origin(tp)
     if origin is Literal:
-        if value not in get_args(tp):
-            raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {get_args(tp)}")
-        return value
+        allowed = get_args(tp)
+
+        def literal(value: Any) -> Any:
+            if value not in allowed:
+                raise ProtocolError(f"{where}: {str(value)[:40]!r} is not one of {allowed}")
+            return value
+        return literal
     if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if value is None:
-            if type(None) in options:
-                return None
-            raise ProtocolError(f"{where}: must not be null")
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _check(value, option, where)
-            except ProtocolError as exc:
-                errors.append(str(exc))
-        raise ProtocolError(errors[0] if errors else f"{where}: bad value")
+        nullable = type(None) in get_args(tp)
+        options = [_compile(o, where) for o in get_args(tp) if o is not type(None)]
+
+        def union(value: Any) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise ProtocolError(f"{where}: must not be null")
+            errors = []
+            for option in options:
+                try:
+                    return option(value)
+                except ProtocolError as exc:
+                    errors.append(str(exc))
+            raise ProtocolError(errors[0] if errors else f"{where}: bad value")
+        return union
     if origin is list:
-        (item,) = get_args(tp)
-        if not isinstance(value, list) or len(value) > MAX_LEFTOVERS:
-            raise ProtocolError(f"{where}: expected a list of at most {MAX_LEFTOVERS} items")
-        return [_check(v, item, where) for v in value]
+        (item_type,) = get_args(tp)
+        item = _compile(item_type, where)
+
+        def items(value: Any) -> Any:
+            if not isinstance(value, list) or len(value) > MAX_LEFTOVERS:
+                raise ProtocolError(f"{where}: expected a list of at most {MAX_LEFTOVERS} items")
+            return [item(v) for v in value]
+        return items
     if tp is ChildError:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        return _build(ChildError, value, where)
+        build = _builder(ChildError, where)
+
+        def child_error(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise ProtocolError(f"{where}: expected an object")
+            return build(value)
+        return child_error
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected a boolean")
-        return value
+        def boolean(value: Any) -> Any:
+            if not isinstance(value, bool):
+                raise ProtocolError(f"{where}: expected a boolean")
+            return value
+        return boolean
     if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ProtocolError(f"{where}: expected an integer")
-        return value
+        def integer(value: Any) -> Any:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ProtocolError(f"{where}: expected an integer")
+            return value
+        return integer
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ProtocolError(f"{where}: expected a finite number")
-        return float(value)
+        def number(value: Any) -> Any:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ProtocolError(f"{where}: expected a finite number")
+            return float(value)
+        return number
     if tp is str:
-        if not isinstance(value, str) or (len(value) > MAX_TEXT and where not in _UNBOUNDED):
-            raise ProtocolError(f"{where}: expected a string of at most {MAX_TEXT} characters")
-        return value
-    raise ProtocolError(f"{where}: unsupported type {tp}")  # pragma: no cover
+        limit = math.inf if where in _UNBOUNDED else MAX_TEXT
+
+        def text(value: Any) -> Any:
+            if not isinstance(value, str) or len(value) > limit:
+                raise ProtocolError(f"{where}: expected a string of at most {MAX_TEXT} characters")
+            return value
+        return text
+    raise TypeError(f"{where}: unsupported type {tp}")  # pragma: no cover - a bug here
+
+
+_BUILDERS: dict[type[Any], _Checker] = {cls: _builder(cls, kind) for kind, cls in _TYPES.items()}
 
 
 class EventReader:
