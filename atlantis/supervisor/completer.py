@@ -53,9 +53,8 @@ class Completer(Service):
         rt.in_flight.pop(a.job_id, None)
         a.finished = True
         rt.changed.set()
-        rt.metrics.attempts.labels(a.queue, a.job, "lost" if a.lost else outcome.label).inc()
-        if a.started:
-            rt.metrics.duration.labels(a.queue, a.job).observe(rt.now() - a.started)
+        rt.metrics.attempt_ended(a.queue, a.job, "lost" if a.lost else outcome.label,
+                                 rt.now() - a.started if a.started else None)
         if a.lost:
             log.warning("%s: the lease was lost; its result is not written", a.tag(),
                         extra=a.log_extra())

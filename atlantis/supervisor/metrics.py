@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -41,6 +43,21 @@ class Metrics:
             "first seen later than the grace (nothing ran then); counted by the supervisor that "
             "recorded them.", ["job"], registry=self.registry)
         self.database_up.set(1)
+        # Labelled series, looked up once: ``labels()`` validates and locks on every call.
+        self._ended: dict[tuple[str, str, str], Any] = {}
+        self._durations: dict[tuple[str, str], Any] = {}
+
+    def attempt_ended(self, queue: str, job: str, outcome: str, seconds: float | None) -> None:
+        """Count an ended attempt, and observe how long it took (when it started)."""
+        counter = self._ended.get((queue, job, outcome))
+        if counter is None:
+            counter = self._ended[queue, job, outcome] = self.attempts.labels(queue, job, outcome)
+        counter.inc()
+        if seconds is not None:
+            histogram = self._durations.get((queue, job))
+            if histogram is None:
+                histogram = self._durations[queue, job] = self.duration.labels(queue, job)
+            histogram.observe(seconds)
 
     def serve(self, port: int, host: str) -> None:
         start_http_server(port, addr=host, registry=self.registry)

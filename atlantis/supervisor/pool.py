@@ -165,7 +165,7 @@ class Pool:
 
     def assign(self, a: Attempt) -> bool:
         """Start ``a`` in an idle child; False if none is idle."""
-        child = next(iter(self.idle()), None)
+        child = next((c for c in self.children if c.state == "idle"), None)
         if child is None:
             return False
         child.state = "busy"
