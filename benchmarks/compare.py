@@ -196,7 +196,7 @@ class Env:
             self.redis.stop()
 
     def timeout_for(self, jobs: int) -> float:
-        return self.timeout if self.timeout is not None else max(180.0, jobs / 50)
+        return self.timeout if self.timeout is not None else max(180.0, jobs / 20)
 
     @contextlib.contextmanager
     def scratch(self, system: System) -> Iterator[str]:
@@ -518,7 +518,7 @@ def main() -> None:
                         help="comma-separated subset (names or keys such as atlantis-reuse-c8)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="give up on a drain after this many seconds (default max(180, "
-                        "jobs/50))")
+                        "jobs/20): RQ runs ~45 jobs/s here)")
     parser.add_argument("--poll", type=float, default=0.02)
     parser.add_argument("--latency-jobs", type=int, default=None,
                         help="jobs of each idle latency run (default 300, 50 --quick; 0: none)")
