@@ -316,21 +316,11 @@ def test_a_cancel_reaches_the_handler(survivor: Child) -> None:
     survivor.still_serves()
 
 
-def test_renewed_leases_keep_the_attempt_alive(survivor: Child) -> None:
-    job_id = survivor.run("sleep", lease=2.0, margin=0.5)
-    for _ in range(10):  # 2.5 s: past the first lease's end
-        survivor.send(Lease(job_id=job_id, lease_end=time.monotonic() + 2.0))
-        time.sleep(0.25)
-    survivor.send(Cancel(job_id=job_id))
-    _, done = survivor.done(job_id)
-    assert done.outcome == "discard"
-
-
-
-def test_after_short_attempts_a_long_one_still_hears_renewals_and_its_cancel(
-        survivor: Child) -> None:
-    """Short attempts leave the watchdog thread asleep; it takes the pipe over for a long one."""
-    for _ in range(20):
+@pytest.mark.parametrize("short_attempts_before", [0, 20])
+def test_renewed_leases_keep_the_attempt_alive_and_it_hears_its_cancel(
+        survivor: Child, short_attempts_before: int) -> None:
+    """After short attempts the watchdog thread sleeps; it takes the pipe over for a long one."""
+    for _ in range(short_attempts_before):
         assert survivor.attempt("ok")[1].outcome == "complete"
     job_id = survivor.run("sleep", lease=2.0, margin=0.5)
     for _ in range(10):  # 2.5 s: past the first lease's end
@@ -341,6 +331,7 @@ def test_after_short_attempts_a_long_one_still_hears_renewals_and_its_cancel(
     assert done.outcome == "discard" and done.error is not None
     assert done.error.message == "saw the cancel"
     survivor.still_serves()
+
 
 # ---- faults that end the child, loudly -----------------------------------------------------
 
