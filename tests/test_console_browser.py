@@ -29,7 +29,10 @@ if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
                 "apt-get install chromium chromium-driver", allow_module_level=True)
 
 import httpx  # noqa: E402
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
@@ -70,8 +73,40 @@ def shot(driver: Any, tmp_path: Path, name: str) -> None:
         shutil.copy(path, dest / name)
 
 
+# The pages replace their live parts in place, so an element found by selenium can be gone
+# (stale) by the time its text is read. These read in one script run in the page, atomically.
 def value(driver: Any, css: str, attr: str = "value") -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, css).get_attribute(attr) or "")
+    """``attr`` of the first element matching ``css``, "" when there is none."""
+    got = driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        " return e === null ? null : e.getAttribute(arguments[1]);", css, attr)
+    return str(got or "")
+
+
+def text(driver: Any, css: str) -> str:
+    """The rendered text of the first element matching ``css``, "" when there is none."""
+    got = driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        " return e === null ? null : e.innerText;", css)
+    return str(got or "").strip()
+
+
+def click(driver: Any, css: str) -> None:
+    """Click the element matching ``css``, finding it again if a live update replaced it."""
+    def once() -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait_for(once, message=f"a click on {css}")
+
+
+def texts(driver: Any, css: str) -> list[str]:
+    """The rendered texts of every element matching ``css``."""
+    got = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText);", css)
+    return [str(t) for t in got]
 
 
 def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path: Path,
@@ -95,23 +130,23 @@ def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path
     start = float(value(browser, "#progress") or 0)
     wait_for(lambda: float(value(browser, "#progress") or 0) >= start + 2, timeout=60,
              message="the progress bar to move")
-    lines = len(browser.find_elements(By.CSS_SELECTOR, "#log .line"))
-    wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#log .line")) > lines,
-             timeout=60, message="a new log line")
-    assert "imported page" in browser.find_elements(By.CSS_SELECTOR, "#log .line")[-1].text
+    lines = len(texts(browser, "#log .line"))
+    grown = wait_for(lambda: len(now := texts(browser, "#log .line")) > lines and now,
+                     timeout=60, message="a new log line")
+    assert "imported page" in grown[-1]
     assert browser.execute_script("return window.__marker") == "same page"  # no reload
-    assert browser.find_element(By.ID, "message").text.startswith(HOSTILE)
+    assert text(browser, "#message").startswith(HOSTILE)
     assert browser.execute_script("return window.__pwned") is None
     forbidden = httpx.post(f"{con.url}/api/jobs/{job_id}/cancel")
     assert forbidden.status_code == 403 and "error" in forbidden.json()
     shot(browser, tmp_path, "console-job.png")
 
     browser.get(f"{con.url}/")
-    wait_for(lambda: "console" in browser.find_element(By.ID, "live").text,
+    wait_for(lambda: "console" in text(browser, "#live"),
              message="the overview")
     shot(browser, tmp_path, "console-overview.png")
     browser.get(f"{con.url}/dlq")
-    wait_for(lambda: "upstream said 502" in browser.find_element(By.ID, "live").text,
+    wait_for(lambda: "upstream said 502" in text(browser, "#live"),
              message="the dead-letter page")
     shot(browser, tmp_path, "console-dlq.png")
 
@@ -122,7 +157,7 @@ def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "button[data-action=cancel]"),
              message="the cancel button")
     browser.execute_script("window.__marker = 'after login';")
-    browser.find_element(By.CSS_SELECTOR, "button[data-action=cancel]").click()
+    click(browser, "button[data-action=cancel]")
 
     def accept() -> bool:
         try:
@@ -132,9 +167,7 @@ def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path
             return False
 
     wait_for(accept, message="the confirmation")
-    wait_for(lambda: browser.find_elements(By.ID, "state"),
-             message=f"the job page after cancel, not {browser.page_source[:2000]}")
-    wait_for(lambda: browser.find_element(By.ID, "state").text == "cancelled", timeout=60,
+    wait_for(lambda: text(browser, "#state") == "cancelled", timeout=60,
              message="the page to show the job cancelled")
     assert wait_state(db, job_id, "cancelled")["cancelled_by"] == "console:ops"
     audit = db.execute("SELECT action, target, label FROM atlantis.console_audit").fetchall()
