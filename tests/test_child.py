@@ -38,7 +38,9 @@ from atlantis.child.text import (
     snooze_delay,
     text_of,
 )
+from atlantis.child.tree import last_pid
 from atlantis.protocol.framing import HEADER
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
     MAX_EVENT_FRAME,
     Cancel,
@@ -69,8 +71,10 @@ _ids = itertools.count(1)
 class Peer:
     """The supervisor's end of a child's pipes: send control frames, read events."""
 
-    def __init__(self, control: int, events: int, stderr_path: Path) -> None:
+    def __init__(self, control: int, events: int, stderr_path: Path,
+                 cell: LeaseCell | None = None) -> None:
         self.control, self.events, self.stderr_path = control, events, stderr_path
+        self.cell = cell
         self.reader = EventReader()
         self.pending: list[FromChild] = []
 
@@ -83,9 +87,11 @@ class Peer:
         if args is None:
             args = orjson.dumps({"mode": mode, "key": None}).decode()
         deadline = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
+        lease_end = time.monotonic() + lease
+        if self.cell is not None:  # as the supervisor does: the cell first, then the Run
+            self.cell.set(lease_end)
         self.send(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
-                      args=args, deadline=deadline, lease_end=time.monotonic() + lease,
-                      lease_margin=margin))
+                      args=args, deadline=deadline, lease_end=lease_end, lease_margin=margin))
         return job_id
 
     def next(self, timeout: float = 15.0) -> FromChild | None:
@@ -131,19 +137,22 @@ class Peer:
 class Child(Peer):
     """``python -m atlantis.child`` on pipes of its own, in a session of its own."""
 
-    def __init__(self, tmp: Path, app: str = APP, expect_ready: bool = True) -> None:
+    def __init__(self, tmp: Path, app: str = APP, expect_ready: bool = True,
+                 with_cell: bool = False) -> None:
         ctl_r, control = os.pipe()
         events, ev_w = os.pipe()
-        super().__init__(control, events, tmp / f"child-{next(_ids)}.err")
+        cell, cell_fd = LeaseCell.create() if with_cell else (None, -1)
+        super().__init__(control, events, tmp / f"child-{next(_ids)}.err", cell)
         self._err: IO[bytes] = self.stderr_path.open("w+b")
+        extra = ["--lease-fd", str(cell_fd)] if with_cell else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "atlantis.child", "--app", app,
-             "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
-            pass_fds=(ctl_r, ev_w), stdin=subprocess.DEVNULL, stdout=self._err,
-            stderr=self._err, start_new_session=True, cwd=ROOT,
+             "--control-fd", str(ctl_r), "--events-fd", str(ev_w), *extra],
+            pass_fds=(ctl_r, ev_w, *([cell_fd] if with_cell else [])), stdin=subprocess.DEVNULL,
+            stdout=self._err, stderr=self._err, start_new_session=True, cwd=ROOT,
         )
-        os.close(ctl_r)
-        os.close(ev_w)
+        for fd in (ctl_r, ev_w, *([cell_fd] if with_cell else [])):
+            os.close(fd)
         if expect_ready:
             ready = self.next()
             assert isinstance(ready, Ready) and ready.pid == self.proc.pid
@@ -164,6 +173,8 @@ class Child(Peer):
                 pass
         self.proc.wait(15)
         self._err.close()
+        if self.cell is not None:
+            self.cell.close()
 
 
 @pytest.fixture
@@ -392,6 +403,30 @@ def test_a_lease_that_is_not_renewed_kills_the_child(child: Child, short_attempt
     assert f"atlantis: job={job_id}: no lease renewal reached this child" in child.stderr()
 
 
+@pytest.mark.parametrize("short_attempts_before", [0, 20])
+def test_renewals_through_the_lease_cell_keep_the_attempt_alive_until_they_stop(
+        tmp_path: Path, short_attempts_before: int) -> None:
+    """The supervisor renews through the shared cell, without a frame; when it stops, the
+    watchdog (asleep after short attempts, or reading the pipe) still kills the attempt."""
+    c = Child(tmp_path, with_cell=True)
+    try:
+        assert c.cell is not None
+        for _ in range(short_attempts_before):
+            assert c.attempt("ok")[1].outcome == "complete"
+        job_id = c.run("sleep", lease=2.0, margin=0.5)
+        for _ in range(12):  # 3 s: past the first lease's end, renewed through the cell only
+            c.cell.set(time.monotonic() + 2.0)
+            time.sleep(0.25)
+        assert c.proc.poll() is None, c.stderr()
+        assert "no lease renewal" not in c.stderr()
+        # The renewals stop: the attempt dies at the end of the last one.
+        assert c.next() is None
+        assert c.wait() == -signal.SIGKILL
+        assert f"atlantis: job={job_id}: no lease renewal reached this child" in c.stderr()
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("frame", [
     HEADER.pack(5) + b"hello",
     encode(Checkpoint(job_id=1, pct=1.0, msg="not for the child")),
@@ -450,11 +485,12 @@ class Zygote:
 
 
 def _worker_fds() -> tuple[list[int], list[int]]:
-    """The worker's four descriptors, and the supervisor's ends (control, events, out)."""
+    """The worker's five descriptors, and the supervisor's ends (control, events, out)."""
     ctl_r, ctl_w = os.pipe()
     ev_r, ev_w = os.pipe()
     out_r, out_w = os.pipe()
-    return [ctl_r, ev_w, out_w, out_w], [ctl_w, ev_r, out_r]
+    _cell, cell_fd = LeaseCell.create()
+    return [ctl_r, ev_w, out_w, out_w, cell_fd], [ctl_w, ev_r, out_r]
 
 
 def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: Path) -> None:
@@ -469,7 +505,7 @@ def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: P
         z.sock.send(dumps(Fork(token=2)))
         socket.send_fds(z.sock, [b'{"t": "fork", "token": "three"}'], theirs)
         socket.send_fds(z.sock, [dumps(Fork(token=4))], theirs)
-        for fd in theirs[:3]:
+        for fd in (*theirs[:3], theirs[4]):
             os.close(fd)
         forked = z.receive()
         assert isinstance(forked, Forked) and forked.token == 4
@@ -487,7 +523,7 @@ def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: P
             os.close(fd)
         log = z.stderr_path.read_text()
         assert log.count("atlantis-zygote: dropped a malformed packet") == 5, log
-        assert "2 descriptors, expected 4" in log and "0 descriptors, expected 4" in log
+        assert "2 descriptors, expected 5" in log and "0 descriptors, expected 5" in log
         z.sock.shutdown(socket.SHUT_RDWR)
         assert z.proc.wait(15) == 0
     finally:
@@ -495,6 +531,19 @@ def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: P
 
 
 # ---- in-process: the helpers that make results fit ------------------------------------------
+
+def test_the_last_pid_moves_with_every_new_task() -> None:
+    """The supervisor counts trees only when it moved: a thread and a process both move it."""
+    before = last_pid()
+    assert before is not None
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    after_thread = last_pid()
+    assert after_thread != before
+    subprocess.run(["true"], check=True)
+    assert last_pid() != after_thread
+
 
 def test_a_result_that_cannot_be_encoded_is_replaced_by_a_failure() -> None:
     r, w = os.pipe()

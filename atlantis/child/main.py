@@ -56,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", required=True)
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--events-fd", type=int, required=True)
+    parser.add_argument("--lease-fd", type=int, default=None,
+                        help="a memfd holding the lease's end (else only Lease frames renew)")
     opts = parser.parse_args(argv)
     die_with_parent()
-    for fd in (opts.control_fd, opts.events_fd):
-        os.set_inheritable(fd, False)
+    for fd in (opts.control_fd, opts.events_fd, opts.lease_fd):
+        if fd is not None:
+            os.set_inheritable(fd, False)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -67,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         Channel(opts.events_fd).send(Fatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
         return EXIT_APP_ERROR
-    return serve(registry, opts.control_fd, opts.events_fd)
+    return serve(registry, opts.control_fd, opts.events_fd, opts.lease_fd)
 
 
-def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
+def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | None = None) -> int:
     """Announce readiness, then run attempts until the control pipe closes.
 
     Also the entry point of a worker forked by the zygote, with the app already imported.
@@ -85,7 +88,7 @@ def serve(registry: Registry, control_fd: int, events_fd: int) -> int:
     # descendants that left the process group and were re-parented away.
     tree = secrets.token_hex(8)
     os.environ[TREE_VARIABLE] = tree
-    watchdog = Watchdog(control_fd)
+    watchdog = Watchdog(control_fd, lease_fd)
     watchdog.start()
     channel.send(Ready(pid=os.getpid(), tree=tree))
     # SIGTERM between attempts ends the child quietly; during one it fails the attempt.

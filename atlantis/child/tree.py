@@ -110,6 +110,33 @@ def walk(pid: int) -> Iterator[tuple[int, int]]:
                 continue
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident(pid: int) -> int:
+    """Resident memory of one process in bytes (``/proc/PID/statm``); 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def last_pid() -> int | None:
+    """The last process id the kernel handed out (``/proc/loadavg``'s last field), in this
+    process's pid namespace; None where there is no such file.
+
+    Every new task, process or thread, takes a fresh id (also one in each enclosing
+    namespace), and ids are handed out in a cycle: while this number stays put, no task
+    was created anywhere, so no tree can have grown.
+    """
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def count_tasks(pid: int, limit: int) -> int:
     """Tasks (processes and threads, as systemd's ``TasksMax`` counts them) of ``pid``'s
     tree, itself included, counted only up to the first past ``limit``: a fork bomb costs

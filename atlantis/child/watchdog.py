@@ -6,7 +6,9 @@ one thread at a time:
 - between attempts the main thread reads it itself (:meth:`Watchdog.next_run`), so a
   ``Run`` starts with a single wake-up, not a hand-over between two threads;
 - during an attempt the watchdog thread reads it: it applies renewals and marks the
-  attempt cancelled or stopping. It takes the pipe over at once when the attempts before
+  attempt cancelled or stopping. The supervisor's renewals come through the shared lease
+  cell (:mod:`atlantis.protocol.leasecell`), read when the known lease nears its end, so
+  they wake nobody; ``Lease`` frames are still applied (a child started without a cell). It takes the pipe over at once when the attempts before
   were long, and otherwise within :data:`TAKEOVER` (a no-op attempt ends before that and
   costs the thread nothing).
 
@@ -39,6 +41,7 @@ from atlantis.child.text import describe
 from atlantis.child.tree import kill_group
 from atlantis.context import JobContext
 from atlantis.protocol.framing import MAX_FRAME, ProtocolError
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import Cancel, EventReader, Lease, Run, Stopping
 
 #: How often, at the least, the control pipe is checked to still be there.
@@ -53,9 +56,13 @@ _POLL_BROKEN = select.POLLNVAL | select.POLLERR
 
 
 class Watchdog(threading.Thread):
-    def __init__(self, control_fd: int) -> None:
+    def __init__(self, control_fd: int, lease_fd: int | None = None) -> None:
         super().__init__(name="atlantis-watchdog", daemon=True)
         self._fd = control_fd
+        self._cell: LeaseCell | None = None
+        if lease_fd is not None:
+            self._cell = LeaseCell(lease_fd)  # mapped: the descriptor is not needed any more
+            os.close(lease_fd)
         self._identity = identity(control_fd)
         os.set_blocking(control_fd, False)
         # The main thread wakes the watchdog thread through this pipe, when it must look
@@ -113,7 +120,7 @@ class Watchdog(threading.Thread):
             # Short attempts end before the thread would take the pipe over: leave it
             # asleep, unless attempts are long or the lease ends before its next look.
             wake = (self._last_length >= SHORT_ATTEMPT
-                    or self._lease_end - self._margin - self._began < CHECK_INTERVAL)
+                    or self._known_end() - self._margin - self._began < CHECK_INTERVAL)
         if wake:
             self._poke()
 
@@ -150,7 +157,7 @@ class Watchdog(threading.Thread):
         while True:
             with self._lock:
                 began = self._began
-                stop_at = self._lease_end - self._margin
+                stop_at = self._known_end() - self._margin
                 now = time.monotonic()
                 if now >= stop_at:
                     self._stop("no lease renewal reached this child before the lease's end")
@@ -180,6 +187,13 @@ class Watchdog(threading.Thread):
             self._lost(exc)
 
     # ---- either thread ---------------------------------------------------------------------
+
+    def _known_end(self) -> float:
+        """The lease's end as frames and the cell tell it (with the lock held). The cell
+        counts only once a ``Run`` came: the supervisor sets it before writing one."""
+        if self._cell is not None and self._job_id is not None:
+            self._lease_end = max(self._lease_end, self._cell.get())
+        return self._lease_end
 
     def _check_pipe(self, events: list[tuple[int, int]]) -> None:
         try:

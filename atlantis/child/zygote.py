@@ -51,6 +51,8 @@ from atlantis.registry import Registry
 
 MAX_MESSAGE = 64 * 1024
 MAX_FDS = 8
+#: A worker's descriptors: control, events, stdout, stderr, lease cell.
+WORKER_FDS = 5
 _FORK_RETRIES = (0.01, 0.05, 0.2)
 
 
@@ -69,13 +71,13 @@ def _send(sock: socket.socket, msg: FromZygote) -> None:
         raise SupervisorGoneError(str(exc)) from exc
 
 
-def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int,
+def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int, lease_fd: int,
             registry: Registry) -> NoReturn:
     """In the forked worker: become a session leader with its own output, then serve."""
     code = 1
     try:
         os.setsid()
-        for fd in (control_fd, events_fd):
+        for fd in (control_fd, events_fd, lease_fd):
             os.set_inheritable(fd, False)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
@@ -85,7 +87,7 @@ def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int,
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         _die_with_parent()
-        code = serve(registry, control_fd, events_fd)
+        code = serve(registry, control_fd, events_fd, lease_fd)
     finally:
         try:
             sys.stdout.flush()
@@ -127,8 +129,8 @@ def _receive(sock: socket.socket) -> tuple[Fork, list[int]] | None:
     why = None
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         why = "packet truncated (too long, or too many descriptors)"
-    elif len(fds) != 4:
-        why = f"{len(fds)} descriptors, expected 4"
+    elif len(fds) != WORKER_FDS:
+        why = f"{len(fds)} descriptors, expected {WORKER_FDS}"
     else:
         try:
             msg = decode(data, expect=(Fork,))
@@ -157,7 +159,7 @@ def _fork(sock: socket.socket, msg: Fork, fds: list[int], registry: Registry) ->
             continue
         if pid == 0:
             sock.close()
-            _worker(fds[0], fds[1], fds[2], fds[3], registry)
+            _worker(fds[0], fds[1], fds[2], fds[3], fds[4], registry)
         return pid
     return None  # pragma: no cover - the loop always returns
 

@@ -34,6 +34,9 @@ class Attempt:
     cancel_heard_at: float | None = None
     """When this supervisor heard that an operator cancelled the job (the grace starts)."""
     child_pid: int | None = None
+    next_check: float = 0.0
+    """Before this (monotonic) nothing of it can be due: no limit, renewal or checkpoint
+    flush (:meth:`Leases.check`). Whatever makes something due sooner resets it to 0."""
     log_lines: int = 0
     log_dropped: int = 0
 
@@ -86,6 +89,7 @@ class Attempt:
         if self.cancel_heard_at is not None:
             return False
         self.cancel_heard_at = now
+        self.next_check = 0.0
         if self.child is not None:
             self.child.send(Cancel(job_id=self.row.id))
         return True
@@ -97,6 +101,7 @@ class Attempt:
         SIGTERM starts the kill grace (a drain first tells the handler, ``ctx.stopping``);
         SIGKILL ends it at once.
         """
+        self.next_check = 0.0
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stop_detail = detail

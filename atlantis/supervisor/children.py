@@ -29,8 +29,9 @@ from typing import Protocol
 import psutil
 
 from atlantis.child.main import TREE_VARIABLE
-from atlantis.child.tree import count_tasks, freeze, walk
+from atlantis.child.tree import count_tasks, freeze, resident, walk
 from atlantis.protocol.framing import ProtocolError
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
     Checkpoint,
     Done,
@@ -59,7 +60,7 @@ class Owner(Protocol):
 class Forker(Protocol):
     """Forks worker processes from a warm zygote (``--isolation fresh``), asynchronously."""
 
-    def fork(self, fds: tuple[int, int, int, int], on_forked: Callable[[int], None],
+    def fork(self, fds: tuple[int, int, int, int, int], on_forked: Callable[[int], None],
              on_exit: Callable[[int], None]) -> None: ...
 
 
@@ -87,6 +88,8 @@ class Child:
     """Descendants seen so far, kept as psutil handles: signalling one checks that its pid
     was not reused meanwhile, so a long-gone grandchild's number never hits a stranger."""
     reader: EventReader = field(default_factory=EventReader)
+    lease_cell: LeaseCell | None = None
+    """Where the child's watchdog reads its lease's end (:mod:`atlantis.protocol.leasecell`)."""
     _pending: deque[tuple[str, memoryview]] = field(default_factory=deque)
     _pending_bytes: int = 0
     _writing: bool = False
@@ -94,6 +97,19 @@ class Child:
     _violated: bool = False
 
     # ---- control pipe (supervisor -> child) ---------------------------------------------
+
+    def set_lease(self, job_id: int, lease_end: float) -> None:
+        """Tell the child its attempt's lease now ends at ``lease_end`` (monotonic): through
+        the shared cell, which wakes nobody, or else a ``Lease`` frame."""
+        if self.lease_cell is not None:
+            self.lease_cell.set(lease_end)
+        else:
+            self.send(Lease(job_id=job_id, lease_end=lease_end))
+
+    def clear_lease(self) -> None:
+        """The attempt ended on the supervisor's side: its lease is nothing to the child now."""
+        if self.lease_cell is not None:
+            self.lease_cell.set(0.0)
 
     def send(self, msg: ToChild) -> bool:
         """Queue a control message; False when the child is gone or wedged."""
@@ -244,6 +260,8 @@ class Child:
             self.loop.remove_reader(fd)
             os.close(fd)
         self.close_control()
+        if self.lease_cell is not None:
+            self.lease_cell.close()
 
     def _watch(self) -> None:
         for fd in (self.events_fd, self.out_fd, self.err_fd):
@@ -324,25 +342,27 @@ class Child:
 
     def rss(self) -> int:
         """Resident memory of the child and its descendants, in bytes (refreshes descendants)."""
-        if not self.pid:
+        if not self.pid or self.returncode is not None:
             return 0
         # The tree is walked through /proc/PID/task/TID/children (atlantis.child.tree.walk),
         # in proportion to the tree: psutil's children() reads every process of the host,
         # and hundreds of children each doing so blocked the event loop for seconds, long
         # enough to lose leases (found with 500 sleeping attempts).
-        try:
-            total = psutil.Process(self.pid).memory_info().rss
-        except psutil.Error:
-            return 0
+        # /proc/PID/statm directly: a psutil.Process per read cost ~100 us (500 children:
+        # a fifth of an idle supervisor's time).
+        total = 0
+        known: set[int] | None = None
         for pid, _threads in walk(self.pid):
+            total += resident(pid)
             if pid == self.pid:
                 continue
-            try:
-                p = psutil.Process(pid)
-                total += p.memory_info().rss
-                self.descendants.add(p)
-            except psutil.Error:
-                continue
+            if known is None:
+                known = {p.pid for p in self.descendants}
+            if pid not in known:
+                try:
+                    self.descendants.add(psutil.Process(pid))
+                except psutil.Error:
+                    continue
         return total
 
     def tag(self) -> str:
@@ -359,24 +379,28 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
     ev_r, ev_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    cell, cell_fd = LeaseCell.create()
     ours = (ctl_w, ev_r, out_r, err_r)
-    theirs = (ctl_r, ev_w, out_w, err_w)
+    theirs = (ctl_r, ev_w, out_w, err_w, cell_fd)
     for fd in ours:
         os.set_inheritable(fd, False)
     os.set_blocking(ctl_w, False)
     child = Child(loop=loop, owner=owner, generation=generation, control_fd=ctl_w,
-                  events_fd=ev_r, out_fd=out_r, err_fd=err_r, output=OutputLog(0, output_rate))
+                  events_fd=ev_r, out_fd=out_r, err_fd=err_r, output=OutputLog(0, output_rate),
+                  lease_cell=cell)
     try:
         if forker is not None:
             def forked(pid: int) -> None:
                 child.pid = child.output.pid = pid
 
-            forker.fork((ctl_r, ev_w, out_w, err_w), forked, child._exited)
+            forker.fork((ctl_r, ev_w, out_w, err_w, cell_fd), forked, child._exited)
         else:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.child", "--app", app,
-                 "--control-fd", str(ctl_r), "--events-fd", str(ev_w)],
-                pass_fds=(ctl_r, ev_w), stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                 "--control-fd", str(ctl_r), "--events-fd", str(ev_w),
+                 "--lease-fd", str(cell_fd)],
+                pass_fds=(ctl_r, ev_w, cell_fd), stdin=subprocess.DEVNULL, stdout=out_w,
+                stderr=err_w,
                 start_new_session=True, env=env,
             )
             child.pid = child.output.pid = proc.pid
@@ -391,6 +415,7 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
     except BaseException:
         for fd in ours:
             os.close(fd)
+        cell.close()
         raise
     finally:
         for fd in theirs:

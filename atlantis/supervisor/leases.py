@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 
-from atlantis.protocol.messages import Lease
+from atlantis.child.tree import last_pid
 from atlantis.store.jobs import Renewal, RenewedRow, touch_params
 from atlantis.store.queries import Q
 from atlantis.supervisor import policy
@@ -41,6 +42,8 @@ class Leases(Service):
         self.db = rt.db("lease")
         self._touching: asyncio.Task[None] | None = None
         self._task_turn = 0
+        self._pid_stamp: int | None = None
+        self._counts_owed = 0
 
     def loops(self) -> list[Loop]:
         return [self._tick_loop]
@@ -50,22 +53,47 @@ class Leases(Service):
         last_memory = 0.0
         while True:
             now = rt.now()
+            due = False
             for a in list(rt.in_flight.values()):
-                self.check(a, now)
+                if now >= a.next_check:
+                    due = self.check(a, now) or due
             if rt.settings.max_memory_per_child and now - last_memory >= rt.settings.memory_interval:
                 last_memory = now
                 self._check_memory()
             if rt.settings.max_tasks_per_child:
                 self._check_tasks()
-            if self._touching is None or self._touching.done():
+            if due and (self._touching is None or self._touching.done()):
                 batch = self._due(now)
                 if batch:
                     self._touching = asyncio.create_task(self._touch(batch), name="leases.touch")
             await asyncio.sleep(rt.settings.tick)
 
-    def check(self, a: Attempt, now: float) -> None:
+    def check(self, a: Attempt, now: float) -> bool:
+        """Act on what is due for ``a``; True if its lease or checkpoint should be written.
+        Sets ``a.next_check``: with hundreds of long attempts, most ticks look at none."""
         if a.lost:
-            return
+            a.next_check = math.inf
+            return False
+        self._enforce(a, now)
+        if a.lost:
+            a.next_check = math.inf
+            return False
+        s = self.rt.settings
+        renew_at = a.renewed_at + a.heartbeat / 3
+        nxt = min(a.lease_end - policy.lease_margin(a.heartbeat), renew_at)
+        if a.progress_dirty:
+            nxt = min(nxt, a.progress_since + s.progress_interval)
+        if a.stop_reason is None and a.child is not None:
+            nxt = min(nxt, a.started + a.timeout)
+        if a.stop_reason is None and a.cancel_heard_at is not None:
+            nxt = min(nxt, a.cancel_heard_at + s.cancel_grace)
+        if not a.killed and a.term_sent_at is not None:
+            nxt = min(nxt, a.term_sent_at + s.kill_grace)
+        a.next_check = nxt
+        return not a.finished and now >= min(renew_at, a.progress_since + s.progress_interval
+                                              if a.progress_dirty else math.inf)
+
+    def _enforce(self, a: Attempt, now: float) -> None:
         if policy.lease_lost(now, a.lease_end, a.heartbeat):
             self.lose(a, "the lease could not be renewed in time; killing the attempt so that "
                          "no other worker runs the row alongside it")
@@ -110,13 +138,25 @@ class Leases(Service):
     def _check_tasks(self) -> None:
         """A tree grows fast (a fork bomb forks every few milliseconds), and a count costs
         little (:func:`atlantis.child.tree.count_tasks`): each tick, up to
-        :data:`TASK_COUNTS_PER_TICK` attempts, taking turns."""
+        :data:`TASK_COUNTS_PER_TICK` attempts, taking turns, while a round is owed.
+
+        A round (one count of every tree) is owed whenever the host's last process id
+        moved (:func:`atlantis.child.tree.last_pid`): while it stays put, no task was
+        created anywhere, so no tree grew and nothing is counted (hundreds of sleeping
+        attempts cost nothing to watch)."""
         limit = self.rt.settings.max_tasks_per_child
+        stamp = last_pid()
+        if stamp is None or stamp != self._pid_stamp:
+            self._pid_stamp = stamp
+            self._counts_owed = len(self.rt.in_flight)
+        if self._counts_owed <= 0:
+            return
         running = [a for a in self.rt.in_flight.values() if a.child is not None and not a.killed]
         if len(running) > self.TASK_COUNTS_PER_TICK:
             start = self._task_turn % len(running)
             running = (running[start:] + running[:start])[:self.TASK_COUNTS_PER_TICK]
             self._task_turn = start + self.TASK_COUNTS_PER_TICK
+        self._counts_owed -= len(running)
         for a in running:
             assert a.child is not None
             if a.child.tasks(limit) > limit:
@@ -162,6 +202,7 @@ class Leases(Service):
                 if r.progress is not None and not a.progress_dirty:
                     a.progress_dirty = True
                     a.progress_since = t0
+                    a.next_check = 0.0
             return
         renewed = {r.id: r.cancel_requested for r in rows}
         sent = self.db.sent_at  # the renewal counts from when it went out, not from before
@@ -172,7 +213,7 @@ class Leases(Service):
                 a.lease_end = sent + a.heartbeat
                 a.renewed_at = sent
                 if a.child is not None:
-                    a.child.send(Lease(job_id=a.job_id, lease_end=a.lease_end))
+                    a.child.set_lease(a.job_id, a.lease_end)
                 if renewed[a.job_id]:
                     cancel(rt, a)
             else:

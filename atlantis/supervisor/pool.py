@@ -174,7 +174,9 @@ class Pool:
         a.child = child
         a.child_pid = child.pid or None
         a.started = self.rt.now()
+        a.next_check = 0.0  # its timeout counts from now
         row = a.row
+        child.set_lease(a.job_id, a.lease_end)  # before the Run: never an older attempt's end
         child.send(Run(
             job_id=row.id, job=row.job, queue=row.queue, attempt=row.attempt,
             max_attempts=row.max_attempts, args=row.args, deadline=row.deadline.isoformat(),
@@ -199,6 +201,7 @@ class Pool:
             a.log_lines, a.log_dropped = self.logs.ended(child.label)
             a.log_dropped += child.output.dropped
         a.child_pid = child.pid or a.child_pid
+        child.clear_lease()
         child.label = None
         child.output.end()
         a.child = None
@@ -244,6 +247,7 @@ class Pool:
             a.progress = Progress(policy.pct_value(msg.pct), policy.clip(msg.msg, policy.MAX_PROGRESS_MSG))
             if not a.progress_dirty:
                 a.progress_dirty = True
+                a.next_check = 0.0
                 a.progress_since = rt.now()
             return
         assert isinstance(msg, Done)

@@ -86,7 +86,7 @@ class Zygote:
         """Whether some of its workers are still alive (or being forked)."""
         return bool(self._watchers or self._forking)
 
-    def fork(self, fds: tuple[int, int, int, int], on_forked: Callable[[int], None],
+    def fork(self, fds: tuple[int, int, int, int, int], on_forked: Callable[[int], None],
              on_exit: Callable[[int], None]) -> None:
         """Ask for a worker serving on ``fds``; ``on_forked(pid)``, later ``on_exit(code)``.
 
