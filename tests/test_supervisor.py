@@ -553,3 +553,27 @@ def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise
     assert "atlantis_paused_queues 0.0" in text and "atlantis_stalled_jobs 0.0" in text
     # The dead-letter gauge follows the worker row's refresh.
     wait_for(lambda: "atlantis_dead_jobs 1.0" in scrape(), message="the dead-letter gauge")
+
+
+def test_the_worker_row_shows_each_running_job_with_its_child_and_memory(
+        db: psycopg.Connection[Any], supervise: Any) -> None:
+    """``tide worker list`` reads this: the pid and resident memory of each attempt's child
+    (read from /proc, a few children per refresh when there are hundreds)."""
+    ids = [atlantis.enqueue(db, "tests.Sleep", {"key": f"w{i}", "seconds": 60.0})
+           for i in range(2)]
+    supervise("--worker-refresh", "0.2s", concurrency=2)
+    for job_id in ids:
+        wait_state(db, job_id, "running")
+
+    def jobs() -> list[dict[str, Any]]:
+        row = db.execute("SELECT jobs FROM atlantis.workers").fetchone()
+        got = list(row[0]) if row and row[0] else []
+        return got if len(got) == 2 and all(j["rss"] for j in got) else []
+
+    shown = wait_for(jobs, message="both attempts in the worker row, with their memory")
+    assert sorted(j["job_id"] for j in shown) == sorted(ids)
+    for j in shown:
+        child = psutil.Process(j["child_pid"])
+        assert "atlantis.child" in " ".join(child.cmdline())
+        # The child's own resident memory at least (a Python interpreter: megabytes).
+        assert j["rss"] >= 5 << 20

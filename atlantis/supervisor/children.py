@@ -88,6 +88,10 @@ class Child:
     """Descendants seen so far, kept as psutil handles: signalling one checks that its pid
     was not reused meanwhile, so a long-gone grandchild's number never hits a stranger."""
     reader: EventReader = field(default_factory=EventReader)
+    last_rss: int = 0
+    """What :meth:`rss` last found."""
+    rss_read: int = 0
+    """How many times :meth:`rss` was read."""
     lease_cell: LeaseCell | None = None
     """Where the child's watchdog reads its lease's end (:mod:`atlantis.protocol.leasecell`)."""
     _pending: deque[tuple[str, memoryview]] = field(default_factory=deque)
@@ -350,6 +354,7 @@ class Child:
         # enough to lose leases (found with 500 sleeping attempts).
         # /proc/PID/statm directly: a psutil.Process per read cost ~100 us (500 children:
         # a fifth of an idle supervisor's time).
+        self.rss_read += 1
         total = 0
         known: set[int] | None = None
         for pid, _threads in walk(self.pid):
@@ -363,6 +368,7 @@ class Child:
                     self.descendants.add(psutil.Process(pid))
                 except psutil.Error:
                     continue
+        self.last_rss = total
         return total
 
     def tag(self) -> str:

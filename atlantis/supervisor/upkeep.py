@@ -77,11 +77,23 @@ class Upkeep(Service):
             await asyncio.sleep(self.rt.settings.worker_refresh)
             await self.register()
 
+    #: Children whose memory a refresh of the worker row reads at most; beyond, those read
+    #: least often, the others as last read (with 500 attempts in flight each is read
+    #: every 5 refreshes: reading every tree each time cost ~1.5% of a core).
+    RSS_PER_REFRESH = 100
+
     async def register(self) -> None:
         rt = self.rt
+        attempts = list(rt.in_flight.values())
+        children = [a.child for a in attempts if a.child is not None]
+        if len(children) > self.RSS_PER_REFRESH:
+            children.sort(key=lambda c: c.rss_read)
+            children = children[:self.RSS_PER_REFRESH]
+        for child in children:
+            child.rss()
         jobs = [{"job_id": a.job_id, "attempt": a.attempt,
                  "child_pid": a.child.pid if a.child else None,
-                 "rss": a.child.rss() if a.child else 0} for a in list(rt.in_flight.values())]
+                 "rss": a.child.last_rss if a.child else 0} for a in attempts]
         try:
             await self.db.fetch(Q.worker_upsert, {
                 "id": rt.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
