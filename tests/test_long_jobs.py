@@ -59,6 +59,37 @@ def test_cancel_reaches_the_handler_long_before_a_10m_heartbeat_renews(
     assert sup.proc.poll() is None
 
 
+def _request_cancel_without_notify(db: psycopg.Connection[Any], job_id: int) -> None:
+    """As if the NOTIFY of ``atlantis.cancel`` was lost: only the row says it."""
+    db.execute("UPDATE atlantis.jobs SET cancel_requested_at = now(), cancelled_by = 'test' "
+               "WHERE id = %s", (job_id,))
+
+
+def test_a_cancel_whose_notify_was_lost_comes_with_the_next_lease_renewal(
+        db: psycopg.Connection[Any], supervise: Any) -> None:
+    """Attempts renewed at least as often as the cancel poll are not polled: the renewal
+    reads the request (here the poll is off altogether)."""
+    _start(supervise, "--cancel-poll", "1h")
+    job_id = atlantis.enqueue(db, "ops.Brief", {"key": "renewed", "mode": "obey"})
+    _started(db, "renewed")
+    _request_cancel_without_notify(db, job_id)
+    row = wait_state(db, job_id, "cancelled")
+    assert _kinds(db, "renewed") == ["started", "saw-cancel"]
+    assert row["errors"][-1]["kind"] == "cancelled"
+
+
+def test_a_cancel_whose_notify_was_lost_is_polled_for_long_heartbeats(
+        db: psycopg.Connection[Any], supervise: Any) -> None:
+    """With a 10m heartbeat no renewal comes for 200 s: the poll finds the request."""
+    _start(supervise, "--cancel-poll", "0.3s")
+    job_id = _long(db, "polled", "obey")
+    _started(db, "polled")
+    _request_cancel_without_notify(db, job_id)
+    row = wait_state(db, job_id, "cancelled")
+    assert _kinds(db, "polled") == ["started", "saw-cancel"]
+    assert row["errors"][-1]["kind"] == "cancelled"
+
+
 def test_a_cancel_during_a_failing_attempt_is_not_undone_by_a_retry(
         db: psycopg.Connection[Any], supervise: Any) -> None:
     _start(supervise)

@@ -535,9 +535,12 @@ def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise
         port = s.getsockname()[1]
     ok = atlantis.enqueue(db, "tests.Echo", {"key": "m1"})
     bad = atlantis.enqueue(db, "tests.Fail", {"key": "m2", "mode": "discard"})
+    # Heartbeat 3 s: renewed every second while it sleeps.
+    slow = atlantis.enqueue(db, "tests.Sleep", {"key": "m3", "seconds": 2.5})
     supervise("--metrics-port", str(port), "--worker-refresh", "0.5s", concurrency=1)
     wait_state(db, ok, "complete")
     wait_state(db, bad, "dead")
+    wait_state(db, slow, "complete")
 
     def scrape() -> str:
         try:
@@ -550,6 +553,9 @@ def test_metrics_endpoint_counts_attempts(db: psycopg.Connection[Any], supervise
     assert 'atlantis_attempts_total{job="tests.Echo",outcome="complete",queue="tests"} 1.0' in text
     assert 'atlantis_attempts_total{job="tests.Fail",outcome="discard",queue="tests"} 1.0' in text
     assert "atlantis_database_up 1.0" in text
+    renewals = re.search(r"^atlantis_lease_renewals_total (\S+)$", text, re.M)
+    renewed = re.search(r"^atlantis_leases_renewed_total (\S+)$", text, re.M)
+    assert renewals and renewed and float(renewals[1]) >= 1 and float(renewed[1]) >= 1, text
     assert "atlantis_paused_queues 0.0" in text and "atlantis_stalled_jobs 0.0" in text
     # The dead-letter gauge follows the worker row's refresh.
     wait_for(lambda: "atlantis_dead_jobs 1.0" in scrape(), message="the dead-letter gauge")

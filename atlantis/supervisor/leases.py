@@ -204,6 +204,8 @@ class Leases(Service):
                     a.progress_since = t0
                     a.next_check = 0.0
             return
+        rt.metrics.renewals.inc()
+        rt.metrics.leases_renewed.inc(len(rows))
         renewed = {r.id: r.cancel_requested for r in rows}
         sent = self.db.sent_at  # the renewal counts from when it went out, not from before
         for a in batch:

@@ -27,6 +27,13 @@ class Metrics:
         self.leases_lost = Counter(
             "atlantis_leases_lost_total", "Attempts stopped because their lease was lost.",
             registry=self.registry)
+        self.renewals = Counter(
+            "atlantis_lease_renewals_total", "Renewal statements that came back: each renews "
+            "every lease due (one statement per renewal tick, however many attempts run).",
+            registry=self.registry)
+        self.leases_renewed = Counter(
+            "atlantis_leases_renewed_total", "Leases renewed (rows), over all statements.",
+            registry=self.registry)
         self.rescued = Counter(
             "atlantis_rescued_total", "Rows of dead workers this supervisor rescued.",
             registry=self.registry)

@@ -168,11 +168,18 @@ class Upkeep(Service):
     # ---- cancels and pauses: the polling fallback -----------------------------------------
 
     async def _cancel_loop(self) -> None:
-        """Cancels this supervisor did not hear of (a lost NOTIFY), every ``cancel_poll``."""
+        """Cancels this supervisor did not hear of (a lost NOTIFY), every ``cancel_poll``.
+
+        Each lease renewal also reads its row's cancel request: attempts renewed at least
+        as often as this poll (``heartbeat/3 <= cancel_poll``) hear of a cancel that way,
+        so the poll runs only while another attempt is in flight.
+        """
         rt = self.rt
         while True:
             await asyncio.sleep(rt.settings.cancel_poll)
-            if not rt.in_flight or all(a.cancelling for a in rt.in_flight.values()):
+            every = rt.settings.cancel_poll
+            if not any(not a.cancelling and a.heartbeat / 3 > every
+                       for a in rt.in_flight.values()):
                 continue
             try:
                 rows = await self.db_poll.fetch(Q.cancel_requests, {"worker": rt.worker_id},

@@ -9,6 +9,8 @@
 - ``wait``: loops until ``ctx.cancelled`` or ``ctx.stopping``, records which, returns.
 - ``progress``: checkpoints 10, 20, ... every 0.3 s for 3 s, then returns.
 - ``flaky``: fails its first attempt, completes its second.
+
+``ops.Brief`` runs the same handler with a 3 s heartbeat (renewed every second).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def long(ctx: atlantis.JobContext, args: Any) -> None:
         except BaseException:
             record(ctx, args.key, "terminated")
             raise
+
+
+registry.handler("ops.Brief")(long)  # ops.Long with a 3 s heartbeat: renewed every second
 
 
 @registry.handler("ops.Talk")
