@@ -31,6 +31,7 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -511,6 +512,43 @@ def compare(env: Env, wanted: set[str], jobs: int, latency: int,
             if s.name in wanted or s.key in wanted]
 
 
+#: The headline pair: atlantis's reuse target against pgqueuer's default.
+PAIR = ("atlantis-reuse-c8", "pgqueuer-b10")
+
+
+def paired(env: Env, keys: tuple[str, str], jobs: int,
+           rounds: int) -> list[tuple[Result, Result]]:
+    """``rounds`` drains of each of two systems, taking turns (A B, B A, A B, ...): this
+    machine's speed drifts by minutes (whole runs here differ by 2x and more, every process
+    alike), so a ratio is only as good as the two drains it divides are close in time."""
+    a, b = (next(s for s in systems() if s.key == k) for k in keys)
+    pairs = []
+    for i in range(rounds):
+        got = {s.key: run_system(env, s, jobs, 0, 0.02) for s in ((a, b) if i % 2 == 0 else (b, a))}
+        pairs.append((got[a.key], got[b.key]))
+    return pairs
+
+
+def pair_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
+    return [x.jobs_per_s / y.jobs_per_s for x, y in pairs if x.jobs_per_s and y.jobs_per_s]
+
+
+def paired_table(pairs: list[tuple[Result, Result]]) -> str:
+    if not pairs:
+        return ""
+    a, b = pairs[0][0].system.key, pairs[0][1].system.key
+    rows = [["round", f"{a} jobs/s", f"{b} jobs/s", f"{a} ÷ {b}"]]
+    for i, (x, y) in enumerate(pairs, 1):
+        r = x.jobs_per_s / y.jobs_per_s if x.jobs_per_s and y.jobs_per_s else None
+        rows.append([f"{i} ({'A B' if i % 2 else 'B A'})", fmt(x.jobs_per_s, ",.0f", "—"),
+                     fmt(y.jobs_per_s, ",.0f", "—"), fmt(r, ".2f", "—") + ("x" if r else "")])
+    got = pair_ratios(pairs)
+    if got:
+        rows.append(["median", "", "", f"**{statistics.median(got):.2f}x** "
+                     f"(range {min(got):.2f}–{max(got):.2f}x)"])
+    return markdown(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--jobs", type=int, default=None, help="default 20000 (2000 --quick)")
@@ -527,6 +565,9 @@ def main() -> None:
     parser.add_argument("--targets", action="store_true", help="run the whole target table")
     parser.add_argument("--leases", action="store_true",
                         help="only the many-leases run (500 sleeping jobs) of the target table")
+    parser.add_argument("--pairs", type=int, default=0, metavar="N",
+                        help="only N paired rounds of atlantis-reuse-c8 and pgqueuer-b10, "
+                        "taking turns (the ratio that the machine's drift spares)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--atlantis-args", default="",
                         help='extra atlantis-supervise options, e.g. "--claim-ahead 8"')
@@ -543,6 +584,11 @@ def main() -> None:
             return
         if opts.leases:
             targets.leases_only(env, opts.quick)
+            return
+        if opts.pairs:
+            pairs = paired(env, PAIR, jobs, opts.pairs)
+            print("\n" + header(env, f"{jobs:,} no-op jobs, paired rounds") + "\n")
+            print(paired_table(pairs))
             return
         if opts.backlog:
             results = targets.backlog(env, targets.backlog_sizes(opts.quick))

@@ -64,6 +64,9 @@ def sleep(ctx: atlantis.JobContext, args: Any) -> None:
     record(ctx, args.key, "finished")
 
 
+registry.handler("tests.SleepSteady")(sleep)
+
+
 @registry.handler("tests.Fail")
 def fail(ctx: atlantis.JobContext, args: Any) -> None:
     record(ctx, args.key, "ran")
