@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import subprocess
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -388,3 +389,43 @@ def test_whatever_a_handler_does_ends_its_attempt_only(
     assert wait_state(db, ids["args"], "dead")["errors"][-1]["kind"] == "args"
     _all_complete(db, ok)
     assert sup.proc.poll() is None
+
+
+def test_a_backlog_of_results_goes_out_in_batches_of_bounded_size(
+        db: psycopg.Connection[Any], db_url: str) -> None:
+    """After a stall, 1,200 queued results are written 500 at most a statement (one
+    statement for all made a NOTIFY payload, and so the whole batch, too long)."""
+    ids = atlantis.enqueue_many(db, "contain.Act", [{"key": f"b{i}", "mode": "ok"}
+                                                    for i in range(1200)])
+    db.execute(Q.claim, {"queues": ["contain"], "jobs": ["contain.Act"], "limit": 1200,
+                         "worker": "w"})
+    sizes: list[int] = []
+
+    async def go() -> None:
+        rt = Runtime(Settings(queues=("contain",), database_url=db_url))
+        rt.worker_id = "w"
+        completer = Completer(rt)
+        finish = completer._finish
+
+        async def counted(results: Sequence[Result]) -> set[int]:
+            sizes.append(len(results))
+            return await finish(results)
+
+        completer._finish = counted  # type: ignore[method-assign]
+        for i in ids:
+            row = ClaimedRow(i, "contain.Act", "contain", "{}", 1, 1, False, 30.0, 3.0, 0.0,
+                             datetime.now(UTC))
+            completer.queue.append((Attempt(row=row, lease_end=0, renewed_at=0),
+                                    Result(i, 1, "complete", True, 0.0, None, None)))
+        task = asyncio.create_task(completer._write_loop())
+        completer.flush.set()
+        while completer.queue or completer.writing:
+            await rt.wait_changed(1.0)
+        task.cancel()
+        await rt.close_databases()
+
+    asyncio.run(go())
+    assert sizes == [500, 500, 200]
+    states = db.execute("SELECT state, count(*) FROM atlantis.jobs WHERE id = ANY(%s) GROUP BY 1",
+                        (ids,)).fetchall()
+    assert states == [("complete", 1200)]

@@ -8,6 +8,7 @@ import subprocess
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import psutil
 import psycopg
 
@@ -446,3 +447,28 @@ def test_rows_held_ahead_cover_about_a_tenth_of_a_second_of_work() -> None:
     assert rows_ahead(Settings(queues=("q",), concurrency=8, claim_ahead=20), 0.0001) == 20
     assert rows_ahead(Settings(queues=("q",), concurrency=8, claim_ahead=0), 0.0001) == 0
     assert rows_ahead(Settings(queues=("q",), concurrency=1), 0.45) == 1  # at least one
+
+
+def test_a_batch_of_a_thousand_results_is_written_and_announced_in_notifies_that_fit(
+        db: psycopg.Connection[Any], db_url: str) -> None:
+    """A NOTIFY payload holds 8000 bytes: the ids of a big batch go out 300 to a
+    notification (one payload for 1,100 ids made PostgreSQL refuse the whole statement)."""
+    ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"k{i}"} for i in range(1000)])
+    claimed = _claim(db, "big", limit=1000)
+    assert len(claimed) == 1000
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN atlantis_progress")
+        # Checkpoints of 700 running attempts in one renewal: a sample each, announced.
+        renewed = db.execute(Q.touch, {
+            "ids": ids[:700], "attempts": [1] * 700, "has_progress": [True] * 700,
+            "pcts": [10.0] * 700, "msgs": ["working"] * 700, "worker": "big"}).fetchall()
+        assert len(renewed) == 700
+        sampled = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
+        assert all(len(p) < 8000 for p in sampled)
+        assert sorted(i for p in sampled for i in orjson.loads(p)) == sorted(ids[:700])
+        results = [Result(i, 1, "complete", True, 0.0, None, None) for i in ids]
+        written = db.execute(Q.finish, finish_params("big", results)).fetchall()
+        assert len(written) == 1000 and {s for _, s in written} == {"complete"}
+        finished = [n.payload for n in listener.notifies(timeout=2, stop_after=4)]
+    assert len(finished) == 4 and all(len(p) < 8000 for p in finished)
+    assert sorted(i for p in finished for i in orjson.loads(p)) == sorted(ids)

@@ -79,11 +79,13 @@ UPDATE atlantis.jobs j
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           r.has_progress AND (j.progress_history->-1->>'at')::timestamptz = now() AS sampled
 )
--- Watchers (the console) hear of new progress samples: one NOTIFY per statement, listing
--- the jobs that got a sample (at most one a second each).
+-- Watchers (the console) hear of new progress samples: a NOTIFY listing the jobs that got
+-- a sample (at most one a second each), one per 300 of them (a payload holds 8000 bytes).
 , note AS MATERIALIZED (
-    SELECT CASE WHEN count(*) > 0 THEN pg_notify('atlantis_progress', json_agg(id)::text) END
-      FROM upd WHERE sampled
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('atlantis_progress', json_agg(id)::text)
+          FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM upd WHERE sampled) c
+         GROUP BY chunk) g
 )
 SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 
@@ -155,9 +157,12 @@ WITH r AS (
      -- A row given back before any child ran it (claimed ahead) had no attempt.
      WHERE NOT (done.label = 'release' AND done.child_pid IS NULL)
 ), note AS MATERIALIZED (
-    -- Watchers (the console) hear which jobs changed state: one NOTIFY per statement.
-    SELECT CASE WHEN count(*) > 0 THEN pg_notify('atlantis_progress', json_agg(id)::text) END
-      FROM done
+    -- Watchers (the console) hear which jobs changed state: a NOTIFY listing them, one per
+    -- 300 (a payload holds 8000 bytes: one for a whole batch of 1,100 failed them all).
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('atlantis_progress', json_agg(id)::text)
+          FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM done) c
+         GROUP BY chunk) g
 )
 SELECT done.id, done.state FROM done CROSS JOIN note
 

@@ -28,6 +28,10 @@ from atlantis.supervisor.service import Loop, Service
 log = logging.getLogger("atlantis.supervisor")
 
 
+#: Results written by one statement at most.
+MAX_BATCH = 500
+
+
 class Completer(Service):
     name = "completer"
 
@@ -78,7 +82,9 @@ class Completer(Service):
             self.flush.clear()
             if not self.queue:
                 continue
-            batch, self.queue = self.queue, []
+            # At most MAX_BATCH a statement: a backlog of results (after a stall) goes out
+            # in several, each as quick to write and to retry as a usual one.
+            batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
             self.writing = batch
             try:
                 await self._write(batch)
@@ -91,6 +97,8 @@ class Completer(Service):
                 continue
             finally:
                 self.writing = []
+            if self.queue:
+                self.flush.set()
             self.rt.changed.set()
             self.rt.wake.set()
 
