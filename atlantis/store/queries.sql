@@ -110,9 +110,14 @@ WITH r AS (
            jsonb_build_object('attempt', j.attempt, 'kind', 'cancelled', 'message',
                               'cancelled by ' || coalesce(j.cancelled_by, 'an operator'))
                AS cancel_error
-      FROM atlantis.jobs j JOIN r ON j.id = r.id AND j.attempt = r.attempt
-     WHERE j.claimed_by = %(worker)s AND j.state = 'running'
-       FOR UPDATE OF j
+      -- Row by row through the primary key, whatever the planner thinks of the JSON's size:
+      -- joined the other way, every running row of this worker met every result (the
+      -- rows of a backlog of results are still running: a batch cost grew with the backlog).
+      FROM r CROSS JOIN LATERAL (
+               SELECT * FROM atlantis.jobs j
+                WHERE j.id = r.id AND j.attempt = r.attempt
+                  AND j.claimed_by = %(worker)s AND j.state = 'running'
+                  FOR UPDATE) j
 ), done AS (
     UPDATE atlantis.jobs j
        SET state = CASE WHEN cur.cancelling THEN 'cancelled' ELSE cur.state END,
