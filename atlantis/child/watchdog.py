@@ -5,12 +5,14 @@ one thread at a time:
 
 - between attempts the main thread reads it itself (:meth:`Watchdog.next_run`), so a
   ``Run`` starts with a single wake-up, not a hand-over between two threads;
-- during an attempt the watchdog thread reads it: it applies renewals and marks the
-  attempt cancelled or stopping. The supervisor's renewals come through the shared lease
-  cell (:mod:`atlantis.protocol.leasecell`), read when the known lease nears its end, so
-  they wake nobody; ``Lease`` frames are still applied (a child started without a cell). It takes the pipe over at once when the attempts before
-  were long, and otherwise within :data:`TAKEOVER` (a no-op attempt ends before that and
-  costs the thread nothing).
+- during an attempt the watchdog thread reads it: it marks the attempt cancelled or
+  stopping, and applies ``Lease`` frames (a child started without a lease cell). It takes
+  the pipe over once the attempt has run :data:`TAKEOVER` (a short attempt ends before
+  that and costs the thread nothing), or at once when the lease ends before its next look.
+
+The supervisor's renewals come through the shared lease cell
+(:mod:`atlantis.protocol.leasecell`), read whenever the known lease nears its end, so
+they wake nobody.
 
 If no renewal arrives before the lease's end minus a margin (the supervisor may be
 paused, swapped out or wedged), the watchdog kills this process tree, so the attempt is
@@ -48,8 +50,6 @@ from atlantis.protocol.messages import Cancel, EventReader, Lease, Run, Stopping
 CHECK_INTERVAL = 1.0
 #: An attempt running this long has the watchdog thread reading the control pipe.
 TAKEOVER = 0.25
-#: Attempts shorter than this do not wake the watchdog thread when they start.
-SHORT_ATTEMPT = 0.02
 #: Bytes read from the control pipe at a time (a smaller read needs no fresh mapping).
 READ_SIZE = 65536
 _POLL_BROKEN = select.POLLNVAL | select.POLLERR
@@ -78,9 +78,6 @@ class Watchdog(threading.Thread):
         self._cancelled: int | None = None
         self._stopping: int | None = None
         self._began: float | None = None  # monotonic start of the running attempt
-        # How long the previous attempt took: short until shown otherwise (a fresh worker
-        # runs one attempt; a long first one is taken over within TAKEOVER all the same).
-        self._last_length = 0.0
         # One poll object per thread: CPython refuses concurrent calls on one.
         self._main_poller = select.poll()
         self._main_poller.register(self._fd, select.POLLIN | select.POLLHUP)
@@ -118,16 +115,15 @@ class Watchdog(threading.Thread):
             if self._stopping == ctx.job_id:
                 ctx._stopping = True
             # Short attempts end before the thread would take the pipe over: leave it
-            # asleep, unless attempts are long or the lease ends before its next look.
-            wake = (self._last_length >= SHORT_ATTEMPT
-                    or self._known_end() - self._margin - self._began < CHECK_INTERVAL)
+            # asleep, unless the lease ends before its next look. (Waking it for every
+            # attempt once one had been long fed on itself on a loaded machine: attempts
+            # stretched by the wake-ups stayed "long", 8 context switches an attempt.)
+            wake = self._known_end() - self._margin - self._began < CHECK_INTERVAL
         if wake:
             self._poke()
 
     def attempt_ended(self) -> None:
         with self._lock:
-            if self._began is not None:
-                self._last_length = time.monotonic() - self._began
             self._began = None
             self._job_id = None
             self._lease_end = math.inf
@@ -162,8 +158,7 @@ class Watchdog(threading.Thread):
                 if now >= stop_at:
                     self._stop("no lease renewal reached this child before the lease's end")
                 wait = min(CHECK_INTERVAL, stop_at - now)
-                busy = began is not None and (
-                    now - began >= TAKEOVER or self._last_length >= SHORT_ATTEMPT)
+                busy = began is not None and now - began >= TAKEOVER
                 if not busy:  # the main thread has the pipe; look again at the takeover
                     wait = min(wait, TAKEOVER if began is None else began + TAKEOVER - now)
             poller = self._busy_poller if busy else self._idle_poller
