@@ -381,11 +381,16 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
 
     Never a fork of this process, which has threads and database connections.
     """
-    ctl_r, ctl_w = os.pipe()
-    ev_r, ev_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    cell, cell_fd = LeaseCell.create()
+    made: list[int] = []
+    try:  # out of descriptors half way: close what was made (the caller tries again later)
+        for _ in range(4):
+            made.extend(os.pipe())
+        cell, cell_fd = LeaseCell.create()
+    except BaseException:
+        for fd in made:
+            os.close(fd)
+        raise
+    ctl_r, ctl_w, ev_r, ev_w, out_r, out_w, err_r, err_w = made
     ours = (ctl_w, ev_r, out_r, err_r)
     theirs = (ctl_r, ev_w, out_w, err_w, cell_fd)
     for fd in ours:
