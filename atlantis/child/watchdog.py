@@ -115,9 +115,9 @@ class Watchdog(threading.Thread):
             if self._stopping == ctx.job_id:
                 ctx._stopping = True
             # Short attempts end before the thread would take the pipe over: leave it
-            # asleep, unless the lease ends before its next look. (Waking it for every
-            # attempt once one had been long fed on itself on a loaded machine: attempts
-            # stretched by the wake-ups stayed "long", 8 context switches an attempt.)
+            # asleep, unless the lease ends before its next look. Renewals come through
+            # the lease cell, so a long attempt needs the thread on the pipe only for a
+            # cancel or a drain, which can wait TAKEOVER.
             wake = self._known_end() - self._margin - self._began < CHECK_INTERVAL
         if wake:
             self._poke()
