@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import psycopg
+import pytest
 
 import atlantis
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
@@ -65,28 +66,21 @@ def _request_cancel_without_notify(db: psycopg.Connection[Any], job_id: int) -> 
                "WHERE id = %s", (job_id,))
 
 
-def test_a_cancel_whose_notify_was_lost_comes_with_the_next_lease_renewal(
-        db: psycopg.Connection[Any], supervise: Any) -> None:
-    """Attempts renewed at least as often as the cancel poll are not polled: the renewal
-    reads the request (here the poll is off altogether)."""
-    _start(supervise, "--cancel-poll", "1h")
-    job_id = atlantis.enqueue(db, "ops.Brief", {"key": "renewed", "mode": "obey"})
-    _started(db, "renewed")
+@pytest.mark.parametrize(("job", "poll"), [
+    # Renewed every second (3 s heartbeat), polled never: the renewal reads the request
+    # (attempts renewed at least as often as the cancel poll are not polled).
+    ("ops.Brief", "1h"),
+    # A 10m heartbeat: no renewal for 200 s, so the poll finds the request.
+    ("ops.Long", "0.3s"),
+])
+def test_a_cancel_whose_notify_was_lost_still_arrives(
+        db: psycopg.Connection[Any], supervise: Any, job: str, poll: str) -> None:
+    _start(supervise, "--cancel-poll", poll)
+    job_id = atlantis.enqueue(db, job, {"key": "lost", "mode": "obey"})
+    _started(db, "lost")
     _request_cancel_without_notify(db, job_id)
     row = wait_state(db, job_id, "cancelled")
-    assert _kinds(db, "renewed") == ["started", "saw-cancel"]
-    assert row["errors"][-1]["kind"] == "cancelled"
-
-
-def test_a_cancel_whose_notify_was_lost_is_polled_for_long_heartbeats(
-        db: psycopg.Connection[Any], supervise: Any) -> None:
-    """With a 10m heartbeat no renewal comes for 200 s: the poll finds the request."""
-    _start(supervise, "--cancel-poll", "0.3s")
-    job_id = _long(db, "polled", "obey")
-    _started(db, "polled")
-    _request_cancel_without_notify(db, job_id)
-    row = wait_state(db, job_id, "cancelled")
-    assert _kinds(db, "polled") == ["started", "saw-cancel"]
+    assert _kinds(db, "lost") == ["started", "saw-cancel"]
     assert row["errors"][-1]["kind"] == "cancelled"
 
 

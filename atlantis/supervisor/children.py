@@ -7,7 +7,8 @@ mid-attempt has whatever escaped found by the mark it puts in their environment.
 watched through a pidfd (no pid-reuse race) or reported by the zygote that forked it.
 
 Nothing here blocks the event loop: every pipe is non-blocking. Control frames that a slow
-child does not read yet wait in a buffer (of lease renewals only the latest is kept);
+child does not read yet wait in a buffer (lease renewals go through a shared lease cell,
+not the pipe);
 events are read continuously, each frame capped and validated (:mod:`messages`), so a
 chatty or hostile child can neither fill a pipe nor feed the supervisor a bad message: a
 protocol violation is reported to the owner, which kills the child and fails its attempt.
@@ -38,7 +39,6 @@ from atlantis.protocol.messages import (
     EventReader,
     Fatal,
     FromChild,
-    Lease,
     Ready,
     ToChild,
     encode,
@@ -75,6 +75,8 @@ class Child:
     out_fd: int
     err_fd: int
     output: OutputLog
+    lease_cell: LeaseCell
+    """Where the child's watchdog reads its lease's end (:mod:`atlantis.protocol.leasecell`)."""
     pid: int = 0
     """0 until a zygote has forked it."""
     returncode: int | None = None
@@ -92,51 +94,37 @@ class Child:
     """What :meth:`rss` last found."""
     rss_read: int = 0
     """How many times :meth:`rss` was read."""
-    lease_cell: LeaseCell | None = None
-    """Where the child's watchdog reads its lease's end (:mod:`atlantis.protocol.leasecell`)."""
-    _pending: deque[tuple[str, memoryview]] = field(default_factory=deque)
+    _pending: deque[memoryview] = field(default_factory=deque)
     _pending_bytes: int = 0
-    _writing: bool = False
     _watching_writes: bool = False
     _violated: bool = False
 
     # ---- control pipe (supervisor -> child) ---------------------------------------------
 
-    def set_lease(self, job_id: int, lease_end: float) -> None:
-        """Tell the child its attempt's lease now ends at ``lease_end`` (monotonic): through
-        the shared cell, which wakes nobody, or else a ``Lease`` frame."""
-        if self.lease_cell is not None:
-            self.lease_cell.set(lease_end)
-        else:
-            self.send(Lease(job_id=job_id, lease_end=lease_end))
+    def set_lease(self, lease_end: float) -> None:
+        """Tell the child its attempt's lease now ends at ``lease_end`` (monotonic), through
+        the shared cell: no frame, no wake-up."""
+        self.lease_cell.set(lease_end)
 
     def clear_lease(self) -> None:
         """The attempt ended on the supervisor's side: its lease is nothing to the child now."""
-        if self.lease_cell is not None:
-            self.lease_cell.set(0.0)
+        self.lease_cell.set(0.0)
 
     def send(self, msg: ToChild) -> bool:
         """Queue a control message; False when the child is gone or wedged."""
         if self.control_fd < 0:
             return False
         data = memoryview(encode(msg))
-        if isinstance(msg, Lease):
-            # A renewal supersedes one that has not started to go out yet.
-            for i, (kind, _) in enumerate(self._pending):
-                if kind == "lease" and (i > 0 or not self._writing):
-                    self._pending_bytes -= len(self._pending[i][1])
-                    del self._pending[i]
-                    break
         if self._pending_bytes + len(data) > MAX_PENDING_CONTROL:
             return False
-        self._pending.append((msg.t, data))
+        self._pending.append(data)
         self._pending_bytes += len(data)
         self._flush_control()
         return True
 
     def _flush_control(self) -> None:
         while self._pending and self.control_fd >= 0:
-            kind, data = self._pending[0]
+            data = self._pending[0]
             try:
                 n = os.write(self.control_fd, data)
             except BlockingIOError:
@@ -147,14 +135,12 @@ class Child:
                 break
             self._pending_bytes -= n
             if n < len(data):
-                self._pending[0] = (kind, data[n:])
-                self._writing = n > 0 or self._writing
+                self._pending[0] = data[n:]
                 if not self._watching_writes:
                     self.loop.add_writer(self.control_fd, self._flush_control)
                     self._watching_writes = True
                 return
             self._pending.popleft()
-            self._writing = False
         if self._watching_writes and self.control_fd >= 0:
             self.loop.remove_writer(self.control_fd)
         self._watching_writes = False
@@ -264,8 +250,7 @@ class Child:
             self.loop.remove_reader(fd)
             os.close(fd)
         self.close_control()
-        if self.lease_cell is not None:
-            self.lease_cell.close()
+        self.lease_cell.close()
 
     def _watch(self) -> None:
         for fd in (self.events_fd, self.out_fd, self.err_fd):

@@ -215,7 +215,7 @@ class Leases(Service):
                 a.lease_end = sent + a.heartbeat
                 a.renewed_at = sent
                 if a.child is not None:
-                    a.child.set_lease(a.job_id, a.lease_end)
+                    a.child.set_lease(a.lease_end)
                 if renewed[a.job_id]:
                     cancel(rt, a)
             else:

@@ -176,7 +176,7 @@ class Pool:
         a.started = self.rt.now()
         a.next_check = 0.0  # its timeout counts from now
         row = a.row
-        child.set_lease(a.job_id, a.lease_end)  # before the Run: never an older attempt's end
+        child.set_lease(a.lease_end)  # before the Run: never an older attempt's end
         child.send(Run(
             job_id=row.id, job=row.job, queue=row.queue, attempt=row.attempt,
             max_attempts=row.max_attempts, args=row.args, deadline=row.deadline.isoformat(),
