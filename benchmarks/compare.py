@@ -533,20 +533,56 @@ def pair_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
     return [x.jobs_per_s / y.jobs_per_s for x, y in pairs if x.jobs_per_s and y.jobs_per_s]
 
 
+def cpu_total(result: Result) -> float | None:
+    """CPU ms per job of the worker, its children and the store together."""
+    c = result.cpu_ms()
+    return None if c is None else c.worker + c.children + c.store
+
+
+def enqueue_rate(result: Result) -> float | None:
+    return result.jobs / result.enqueue_s if result.enqueue_s else None
+
+
+def quotient(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def pair_cpu_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
+    """Per round: A's CPU per job ÷ B's."""
+    got = [quotient(cpu_total(x), cpu_total(y)) for x, y in pairs]
+    return [r for r in got if r is not None]
+
+
+def pair_enqueue_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
+    """Per round: A's enqueue rate ÷ B's (each round enqueues its drain's jobs first)."""
+    got = [quotient(enqueue_rate(x), enqueue_rate(y)) for x, y in pairs]
+    return [r for r in got if r is not None]
+
+
 def paired_table(pairs: list[tuple[Result, Result]]) -> str:
     if not pairs:
         return ""
     a, b = pairs[0][0].system.key, pairs[0][1].system.key
-    rows = [["round", f"{a} jobs/s", f"{b} jobs/s", f"{a} ÷ {b}"]]
+    rows = [["round", f"{a} jobs/s", f"{b} jobs/s", f"{a} ÷ {b}", "CPU ms/job A / B (ratio)",
+             "enqueue rows/s A / B (ratio)"]]
     for i, (x, y) in enumerate(pairs, 1):
-        r = x.jobs_per_s / y.jobs_per_s if x.jobs_per_s and y.jobs_per_s else None
+        r = quotient(x.jobs_per_s, y.jobs_per_s)
+        ca, cb = cpu_total(x), cpu_total(y)
+        ea, eb = enqueue_rate(x), enqueue_rate(y)
         rows.append([f"{i} ({'A B' if i % 2 else 'B A'})", fmt(x.jobs_per_s, ",.0f", "—"),
-                     fmt(y.jobs_per_s, ",.0f", "—"), fmt(r, ".2f", "—") + ("x" if r else "")])
-    got = pair_ratios(pairs)
-    if got:
-        rows.append(["median", "", "", f"**{statistics.median(got):.2f}x** "
-                     f"(range {min(got):.2f}–{max(got):.2f}x)"])
+                     fmt(y.jobs_per_s, ",.0f", "—"), _times(r),
+                     f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({_times(quotient(ca, cb))})",
+                     f"{fmt(ea, ',.0f', '—')} / {fmt(eb, ',.0f', '—')} ({_times(quotient(ea, eb))})"])
+    medians = ["median", "", ""]
+    for got in (pair_ratios(pairs), pair_cpu_ratios(pairs), pair_enqueue_ratios(pairs)):
+        medians.append(f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
+                       if got else "—")
+    rows.append(medians)
     return markdown(rows)
+
+
+def _times(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}x"
 
 
 def main() -> None:
