@@ -498,7 +498,8 @@ def test_results_and_renewals_use_the_key_even_with_statistics_from_before_the_c
     """Statistics taken while no row was running (an autovacuum ANALYZE between an enqueue
     and the claims) made the planner look each result's row up among every running row by
     the state index: 200 results among 2,000 running rows took 0.7 s, and a drain fell to
-    a fifth of its rate. Only the primary key may find a result's or a renewal's row."""
+    a fifth of its rate. Neither statement may go through the state or the lease index;
+    finish looks each row up by its key."""
     ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"s{i}"} for i in range(2000)])
     db.execute("ANALYZE atlantis.jobs")  # nothing running yet, as far as the planner knows
     assert len(_claim(db, "stats", limit=2000)) == 2000

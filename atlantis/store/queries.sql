@@ -77,9 +77,9 @@ UPDATE atlantis.jobs j
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(has_progress)s::bool[],
               %(pcts)s::float8[], %(msgs)s::text[]) AS r(id, attempt, has_progress, pct, msg)
  WHERE j.id = r.id
-   -- One boolean test, not four conditions: the row is found by its key, never by the
-   -- state or lease index (statistics from when nothing was running made the planner
-   -- scan every running row for each renewal; see `finish`).
+   -- One boolean test, not four conditions: no index serves it, so the planner never looks
+   -- rows up through the state or the lease index (statistics from when nothing was
+   -- running had it scan every running row for each renewal; see `finish`).
    AND (j.attempt = r.attempt AND j.claimed_by = %(worker)s
         AND j.state = 'running' AND j.claimed_until > now()) IS TRUE
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
