@@ -570,9 +570,9 @@ def paired_table(pairs: list[tuple[Result, Result]]) -> str:
         ca, cb = cpu_total(x), cpu_total(y)
         ea, eb = enqueue_rate(x), enqueue_rate(y)
         rows.append([f"{i} ({'A B' if i % 2 else 'B A'})", fmt(x.jobs_per_s, ",.0f", "—"),
-                     fmt(y.jobs_per_s, ",.0f", "—"), _times(r),
-                     f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({_times(quotient(ca, cb))})",
-                     f"{fmt(ea, ',.0f', '—')} / {fmt(eb, ',.0f', '—')} ({_times(quotient(ea, eb))})"])
+                     fmt(y.jobs_per_s, ",.0f", "—"), fmt_times(r),
+                     f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({fmt_times(quotient(ca, cb))})",
+                     f"{fmt(ea, ',.0f', '—')} / {fmt(eb, ',.0f', '—')} ({fmt_times(quotient(ea, eb))})"])
     medians = ["median", "", ""]
     for got in (pair_ratios(pairs), pair_cpu_ratios(pairs), pair_enqueue_ratios(pairs)):
         medians.append(f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
@@ -581,7 +581,8 @@ def paired_table(pairs: list[tuple[Result, Result]]) -> str:
     return markdown(rows)
 
 
-def _times(r: float | None) -> str:
+def fmt_times(r: float | None) -> str:
+    """A ratio as ``1.23x``; a dash when there is none."""
     return "—" if r is None else f"{r:.2f}x"
 
 

@@ -43,6 +43,7 @@ from benchmarks.compare import (
     cpu_total,
     enqueue_atlantis,
     enqueue_rate,
+    fmt_times,
     header,
     markdown,
     pair_cpu_ratios,
@@ -50,6 +51,7 @@ from benchmarks.compare import (
     pair_ratios,
     paired,
     paired_table,
+    quotient,
     ratios,
     run_drain,
     start_worker,
@@ -185,10 +187,6 @@ def verdict(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**missed**")
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def rate_of(result: Result | None) -> float | None:
     return result.jobs_per_s if result else None
 
@@ -206,33 +204,33 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
     rq = by_key(side, "rq")
     rate = atl.jobs_per_s if atl else None
 
-    r10 = ratio(rate, pgq.jobs_per_s if pgq else None)
-    r200 = ratio(rate, pgq200.jobs_per_s if pgq200 else None)
+    r10 = quotient(rate, pgq.jobs_per_s if pgq else None)
+    r200 = quotient(rate, pgq200.jobs_per_s if pgq200 else None)
     # The verdict takes the median of the side-by-side ratio and the paired rounds': one
     # ratio of two drains minutes apart is at the mercy of the machine's drift.
     got = [*([r10] if r10 is not None else []), *pair_ratios(pairs)]
     median = statistics.median(got) if got else None
     rows.append([f"drain {jobs:,} no-op jobs, one supervisor, `--isolation reuse` "
                  "(concurrency 8)",
-                 f"{_n(rate)} jobs/s = {_x(r10)} pgqueuer batch 10 ({_n(rate_of(pgq))}),"
-                 f" {_x(r200)} batch 200 ({_n(rate_of(pgq200))}); median over this and "
-                 f"{len(pairs)} paired rounds: {_x(median)}"
+                 f"{_n(rate)} jobs/s = {fmt_times(r10)} pgqueuer batch 10 ({_n(rate_of(pgq))}),"
+                 f" {fmt_times(r200)} batch 200 ({_n(rate_of(pgq200))}); median over this and "
+                 f"{len(pairs)} paired rounds: {fmt_times(median)}"
                  + (f" (range {min(got):.2f}–{max(got):.2f}x)" if got else ""),
                  "≥ 1.0x pgqueuer's default (batch 10); aim ≥ 1.0x batch 200",
                  verdict(None if median is None else median >= 1.0)
                  + ("" if r200 is None else f" (aim: {verdict(r200 >= 1.0)})")])
 
     first, last = (sweep[0], sweep[-1]) if sweep else (None, None)
-    flat = ratio(rate_of(last), rate_of(first))
+    flat = quotient(rate_of(last), rate_of(first))
     rows.append([f"the same with {last.jobs if last else 0:,} waiting",
                  " / ".join(f"{_n(r.jobs_per_s)} at {r.jobs:,}" for r in sweep)
-                 + f" jobs/s: {_x(flat)}",
+                 + f" jobs/s: {fmt_times(flat)}",
                  f"≥ 0.8x the rate at {first.jobs if first else 0:,}",
                  verdict(None if flat is None else flat >= 0.8)])
 
-    rf = ratio(rate_of(fresh), rate_of(rq))
+    rf = quotient(rate_of(fresh), rate_of(rq))
     rows.append(["`--isolation fresh` (concurrency 4)",
-                 f"{_n(rate_of(fresh))} jobs/s = {_x(rf)} RQ, 4 fork-per-job "
+                 f"{_n(rate_of(fresh))} jobs/s = {fmt_times(rf)} RQ, 4 fork-per-job "
                  f"workers ({_n(rate_of(rq))})" + (f"; RQ: {rq.note}" if rq and
                                                             rq.note else ""),
                  "≥ 4x RQ at the same concurrency (Redis on 127.0.0.1)",
@@ -263,26 +261,26 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
     ours = atl.cpu_ms() if atl else None
     ours_t = cpu_total(atl) if atl else None
     theirs_t = cpu_total(pgq) if pgq else None
-    rc = ratio(ours_t, theirs_t)
+    rc = quotient(ours_t, theirs_t)
     cpus = [*([rc] if rc is not None else []), *pair_cpu_ratios(pairs)]
     mc = statistics.median(cpus) if cpus else None
     rows.append([f"CPU per job (supervisor + children + PostgreSQL), {jobs:,}-job drain",
                  (f"{_f(ours_t, '.3f')} ms ({_f(ours.worker, '.3f')} + "
                   f"{_f(ours.children, '.3f')} + {_f(ours.store, '.3f')})" if ours else "—")
-                 + f" = {_x(rc)} pgqueuer batch 10's {_f(theirs_t, '.3f')} ms; median over "
-                 f"this and {len(pairs)} paired rounds: {_x(mc)}"
+                 + f" = {fmt_times(rc)} pgqueuer batch 10's {_f(theirs_t, '.3f')} ms; median over "
+                 f"this and {len(pairs)} paired rounds: {fmt_times(mc)}"
                  + (f" (range {min(cpus):.2f}–{max(cpus):.2f}x)" if cpus else ""),
                  "≤ 2x pgqueuer's (worker + PostgreSQL)",
                  verdict(None if mc is None else mc <= 2.0)])
 
     ea = enqueue_rate(atl) if atl else None
     ep = enqueue_rate(pgq) if pgq else None
-    re_ = ratio(ea, ep)
+    re_ = quotient(ea, ep)
     enq = [*([re_] if re_ is not None else []), *pair_enqueue_ratios(pairs)]
     me = statistics.median(enq) if enq else None
     rows.append([f"`enqueue_many` (validated), {jobs:,} rows, 1,000 a transaction",
-                 f"{_n(ea)} rows/s = {_x(re_)} pgqueuer's batch enqueue ({_n(ep)}); median "
-                 f"over this and {len(pairs)} paired rounds: {_x(me)}"
+                 f"{_n(ea)} rows/s = {fmt_times(re_)} pgqueuer's batch enqueue ({_n(ep)}); median "
+                 f"over this and {len(pairs)} paired rounds: {fmt_times(me)}"
                  + (f" (range {min(enq):.2f}–{max(enq):.2f}x)" if enq else ""),
                  "≥ 1.0x pgqueuer's batch enqueue (asyncpg)",
                  verdict(None if me is None else me >= 1.0)])
@@ -308,10 +306,6 @@ def _n(v: float | None) -> str:
 
 def _f(v: float | None, spec: str = ".1f") -> str:
     return "—" if v is None else format(v, spec)
-
-
-def _x(v: float | None) -> str:
-    return "—" if v is None else f"{v:.2f}x"
 
 
 def _ms(v: float | None) -> str:

@@ -6,7 +6,7 @@ import functools
 import signal
 import subprocess
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 import psutil
@@ -474,6 +474,13 @@ def test_a_batch_of_a_thousand_results_is_written_and_announced_in_notifies_that
     assert sorted(i for p in finished for i in orjson.loads(p)) == sorted(ids)
 
 
+def _explain(db: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> str:
+    """The statement's plan as it ran (EXPLAIN ANALYZE), its writes rolled back."""
+    with db.transaction(force_rollback=True):
+        return "\n".join(r[0] for r in db.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + query, params).fetchall())
+
+
 def test_a_finish_looks_each_row_up_by_its_key_however_many_rows_are_running(
         db: psycopg.Connection[Any]) -> None:
     """With a backlog of results, all of this worker's rows are still running: a finish
@@ -482,10 +489,7 @@ def test_a_finish_looks_each_row_up_by_its_key_however_many_rows_are_running(
     ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"p{i}"} for i in range(2000)])
     assert len(_claim(db, "plan", limit=2000)) == 2000
     results = [Result(i, 1, "complete", True, 0.0, None, None) for i in ids[:500]]
-    with db.transaction(force_rollback=True):
-        plan = "\n".join(r[0] for r in db.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + Q.finish,
-            finish_params("plan", results)).fetchall())
+    plan = _explain(db, Q.finish, finish_params("plan", results))
     cur = plan.split("CTE done")[0]  # the results met with their rows, locked
     assert "Function Scan on jsonb_to_recordset r (actual rows=500 loops=1)" in cur, plan
     assert "Index Scan using jobs_pkey" in cur and "loops=500" in cur, plan
@@ -504,17 +508,12 @@ def test_results_and_renewals_use_the_key_even_with_statistics_from_before_the_c
     db.execute("ANALYZE atlantis.jobs")  # nothing running yet, as far as the planner knows
     assert len(_claim(db, "stats", limit=2000)) == 2000
     results = [Result(i, 1, "complete", True, 0.0, None, None) for i in ids[:200]]
-    with db.transaction(force_rollback=True):
-        finish = "\n".join(r[0] for r in db.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + Q.finish,
-            finish_params("stats", results)).fetchall())
+    finish = _explain(db, Q.finish, finish_params("stats", results))
     cur = finish.split("CTE done")[0]
     assert "Index Scan using jobs_pkey" in cur and "loops=200" in cur, finish
     assert "jobs_state_queue_idx" not in finish and "jobs_lease_idx" not in finish, finish
-    with db.transaction(force_rollback=True):
-        touch = "\n".join(r[0] for r in db.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + Q.touch, {
-                "ids": ids[:200], "attempts": [1] * 200, "has_progress": [False] * 200,
-                "pcts": [None] * 200, "msgs": [None] * 200, "worker": "stats"}).fetchall())
+    touch = _explain(db, Q.touch, {
+        "ids": ids[:200], "attempts": [1] * 200, "has_progress": [False] * 200,
+        "pcts": [None] * 200, "msgs": [None] * 200, "worker": "stats"})
     # (A seq scan of this small table is the planner's honest choice: it knows its size.)
     assert "jobs_state_queue_idx" not in touch and "jobs_lease_idx" not in touch, touch
