@@ -419,6 +419,71 @@ def test_rows_claimed_ahead_are_given_back_behind_a_long_attempt(
     first.stop()
 
 
+def _held_behind_a_sleep(db: psycopg.Connection[Any], sup: Any, round_: int) -> list[int] | None:
+    """Enqueue a 1s attempt and three quick rows together, and stop ``sup`` (SIGSTOP) the
+    moment it has claimed them: the sleep runs, the quick rows are held ahead behind it.
+    None (and ``sup`` resumed) if the stop came after it had given them back already."""
+    with db.transaction():  # claimed by one statement
+        # A 9s heartbeat: the running attempt keeps its lease through the stall.
+        mid = atlantis.enqueue(db, "tests.SleepSteady", {"key": f"mid{round_}", "seconds": 1.0},
+                               priority=-1)
+        # A 3s heartbeat: held for 0.75s at most (a quarter of it), then given back.
+        held = atlantis.enqueue_many(db, "tests.Echo",
+                                     [{"key": f"h{round_}-{i}"} for i in range(3)])
+    wait_for(lambda: job_row(db, held[-1])["state"] == "running", message="the claim")
+    sup.signal(signal.SIGSTOP)
+    rows = [job_row(db, h) for h in held]
+    if all(r["state"] == "running" for r in rows) and job_row(db, mid)["state"] == "running":
+        return held
+    sup.signal(signal.SIGCONT)  # this machine was too slow: the rows went back; again
+    wait_state(db, mid, "complete")
+    return None
+
+
+def test_rows_held_through_a_stall_past_their_leases_are_never_started(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """A supervisor stopped (SIGSTOP here; a paused VM or a swap storm alike) while it holds
+    rows claimed ahead must not start them when it resumes: their leases ran out meanwhile,
+    and another worker may have taken them over. The first thing the resumed supervisor
+    reads is the result of the attempt that ended meanwhile, which frees a child for a held
+    row at once: the row is given back there, not started."""
+    sup = supervise("--claim-ahead", "4", concurrency=1)
+    warm = atlantis.enqueue_many(db, "tests.Echo", [{"key": f"w{i}"} for i in range(30)])
+    for job_id in warm:
+        wait_state(db, job_id, "complete")
+    held = None
+    for round_ in range(5):
+        held = _held_behind_a_sleep(db, sup, round_)
+        if held is not None:
+            break
+    assert held is not None, "the supervisor never held rows long enough to be stopped"
+    try:
+        # The sleep ends meanwhile (its result waits in the pipe); the held rows' leases end.
+        wait_for(lambda: db.execute("SELECT bool_and(claimed_until < now()) FROM atlantis.jobs"
+                                    " WHERE id = ANY(%s)", (held,)).fetchone()[0],  # type: ignore[index]
+                 timeout=30, message="the held rows' leases to run out")
+        resumed = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    finally:
+        sup.signal(signal.SIGCONT)
+    wait_for(lambda: all(job_row(db, h)["state"] in ("complete", "dead") for h in held),
+             message="the held rows to end")  # rescued (their leases ran out), or run again
+    log = sup.log()
+    # No child was handed a lease that had already ended ...
+    assert "no lease renewal reached this child" not in log
+    # ... and a held row's handler ran only on a claim made after the stall, to the end.
+    ran = [h for h in held if f"job={h} attempt=1 echo" in log]
+    assert all(job_row(db, h)["state"] == "complete" for h in ran)
+    stale = db.execute(
+        "SELECT e.key FROM test_events e JOIN atlantis.attempts t"
+        "    ON t.job_id = e.job_id AND t.attempt = e.attempt"
+        " WHERE e.job_id = ANY(%s) AND t.started_at < %s", (held, resumed)).fetchall()
+    assert stale == []
+    # Given back (by the pool when the child came free, or by the claimer's look for stale
+    # rows, whichever ran first after the stall).
+    assert "gave back 3 rows claimed ahead" in log
+
+
 def test_a_drain_gives_held_rows_back_unspent(db: psycopg.Connection[Any],
                                               supervise: Any) -> None:
     sup = supervise("--claim-ahead", "8", concurrency=2)

@@ -348,6 +348,28 @@ def test_a_claim_delivered_late_on_a_half_open_link_takes_no_rows(
     assert _alive(sup)
 
 
+def test_a_claim_answered_too_late_to_start_its_rows_gives_them_back(
+    db_url: str, db: psycopg.Connection[Any], proxy: Proxy, start: Callable[..., Supervisor]
+) -> None:
+    """A claim answered after most of its rows' leases went by (a link that stalls, here
+    for ~3.5s, against a 3s heartbeat) must not start them: an attempt started then would
+    be killed at once for its lease, and spend the row's only attempt. The rows go back,
+    unspent, and run from the next claim."""
+    sup = start(proxy.url(db_url), "--claim-timeout", "20s", concurrency=1)
+    _then_new_work_runs(db, "before")  # connected and idle: claims go out every poll
+    proxy.freeze()
+    try:
+        time.sleep(0.5)  # a claim is on its way into the stalled link (one every 0.2s)
+        job_id = atlantis.enqueue(db, "tests.Echo", {"key": "late-answer"})  # one attempt only
+        time.sleep(3.0)  # the claim's rows would have under a quarter of their lease left
+    finally:
+        proxy.thaw()  # the claim reaches the server now, and takes the row
+    row = wait_state(db, job_id, "complete", "dead", timeout=30)
+    assert (row["state"], row["attempt"], row["errors"]) == ("complete", 1, []), row
+    assert "too late to start it; giving it back" in sup.log()
+    assert _alive(sup)
+
+
 # ---- unreachable at start -------------------------------------------------------------------
 
 

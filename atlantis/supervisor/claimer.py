@@ -108,8 +108,8 @@ class Claimer(Service):
         now = rt.now()
         keep = []
         for a in rt.held:
-            hold = min(rt.settings.claim_ahead_hold, a.heartbeat / 4)
-            if stale_only and now - a.renewed_at < hold:
+            if stale_only and not policy.held_too_long(now, a.renewed_at, a.heartbeat,
+                                                       rt.settings.claim_ahead_hold):
                 keep.append(a)
             else:
                 self.completer.record(a, policy.RELEASE)
@@ -153,6 +153,13 @@ class Claimer(Service):
         rt = self.rt
         a = Attempt(row=row, lease_end=t0 + row.heartbeat, renewed_at=t0)
         if rt.draining:  # claimed as the drain began: give it back now
+            self.completer.record(a, policy.RELEASE)
+            return
+        if policy.lease_lost(rt.now(), a.lease_end, a.heartbeat):
+            # The answer came too late (a stalled supervisor, a slow link): an attempt
+            # started now would be stopped at once, and the row may be rescued meanwhile.
+            log.warning("job=%d: its claim was answered after %s, too late to start it; "
+                        "giving it back", row.id, format_duration(rt.now() - t0))
             self.completer.record(a, policy.RELEASE)
             return
         if not rt.held and self.pool.idle():

@@ -217,6 +217,18 @@ def lease_lost(now: float, lease_end: float, heartbeat: float) -> bool:
     return now >= lease_end - lease_margin(heartbeat)
 
 
+def held_too_long(now: float, claimed_at: float, heartbeat: float, hold: float) -> bool:
+    """Whether a row claimed ahead was held too long to start: it is given back instead.
+
+    Its lease is not renewed while it waits, so it is held for ``hold``
+    (``--claim-ahead-hold``) at most, and for no more than a quarter of its heartbeat, which
+    leaves it most of its lease when it starts. Checked again when a child is free for it:
+    a supervisor that was stalled (stopped, swapped out) must not start a row whose lease
+    ran out meanwhile, and which another worker may already run.
+    """
+    return now - claimed_at >= min(hold, heartbeat / 4)
+
+
 def renewal_due(now: float, renewed_at: float, heartbeat: float) -> bool:
     return now >= renewed_at + heartbeat / 3
 

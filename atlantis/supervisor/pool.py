@@ -154,14 +154,31 @@ class Pool:
     # ---- attempts -------------------------------------------------------------------------
 
     def feed(self) -> None:
-        """Start rows claimed ahead (``rt.held``) in idle children, oldest first."""
+        """Start rows claimed ahead (``rt.held``) in idle children, oldest first.
+
+        A row held too long (:func:`policy.held_too_long`: the supervisor was stalled, so
+        the claimer could not give it back in time) is given back here instead of started.
+        """
         rt = self.rt
+        stale = expired = 0
         while rt.held and not rt.draining:
             if not any(c.state == "idle" for c in self.children):
-                return
+                break
             a = rt.held.popleft()
+            now = rt.now()
+            if policy.held_too_long(now, a.renewed_at, a.heartbeat, rt.settings.claim_ahead_hold):
+                self.completer.record(a, policy.RELEASE)
+                stale += 1
+                expired += policy.lease_lost(now, a.lease_end, a.heartbeat)
+                continue
             rt.in_flight[a.job_id] = a
             self.assign(a)
+        if expired:
+            log.warning("gave back %d rows claimed ahead instead of starting them: %d had "
+                        "(nearly) outlived their leases, the supervisor was stalled", stale, expired)
+        elif stale:
+            log.info("gave back %d rows claimed ahead: held past their hold before a child "
+                     "was free", stale)
 
     def assign(self, a: Attempt) -> bool:
         """Start ``a`` in an idle child; False if none is idle."""
