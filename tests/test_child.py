@@ -403,6 +403,24 @@ def test_a_lease_that_is_not_renewed_kills_the_child(child: Child, short_attempt
     assert f"atlantis: job={job_id}: no lease renewal reached this child" in child.stderr()
 
 
+@pytest.mark.parametrize("with_cell", [False, True])
+def test_a_run_whose_lease_already_ended_runs_nothing(tmp_path: Path, with_cell: bool) -> None:
+    """A ``Run`` that arrives with its lease over (or within the margin of its end) kills
+    the child before any of the handler runs: another worker may already have the row."""
+    c = Child(tmp_path, with_cell=with_cell)
+    try:
+        assert c.attempt("announce")[1].outcome == "complete"
+        assert "handler ran" in c.stderr()
+        job_id = c.run("announce", lease=0.1, margin=0.5)
+        assert c.next() is None
+        assert c.wait() == -signal.SIGKILL
+        err = c.stderr()
+        assert f"atlantis: job={job_id}: the lease had ended before the attempt could start" in err
+        assert f"handler ran: job {job_id}" not in err
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("short_attempts_before", [0, 20])
 def test_renewals_through_the_lease_cell_keep_the_attempt_alive_until_they_stop(
         tmp_path: Path, short_attempts_before: int) -> None:

@@ -16,7 +16,8 @@ they wake nobody.
 
 If no renewal arrives before the lease's end minus a margin (the supervisor may be
 paused, swapped out or wedged), the watchdog kills this process tree, so the attempt is
-dead before any other worker may claim the row. It is woken in time for that whatever
+dead before any other worker may claim the row; a ``Run`` whose lease is already past
+that point kills it before the handler starts. It is woken in time for that whatever
 else it waits for. It kills the tree too, after a line on stderr, when:
 
 - the control pipe reaches EOF (the supervisor died; quietly, nobody is left to read it);
@@ -110,6 +111,10 @@ class Watchdog(threading.Thread):
         with self._lock:
             self.ctx = ctx
             self._began = time.monotonic()
+            if self._known_end() - self._margin <= self._began:
+                # Nothing of a handler may run on a lease that is over (a supervisor that
+                # was stalled, a Run that came late): another worker may have the row.
+                self._stop("the lease had ended before the attempt could start")
             if self._cancelled == ctx.job_id:  # a cancel that came before the handler started
                 ctx._cancelled = True
             if self._stopping == ctx.job_id:

@@ -145,6 +145,9 @@ def misbehave(ctx: atlantis.JobContext, args: Any) -> None:
     mode = args.mode
     if mode == "ok":
         return
+    if mode == "announce":
+        print(f"handler ran: job {ctx.job_id}", flush=True)
+        return
     if mode in _RAISES:
         raise _RAISES[mode]()
     if mode == "exit3":
