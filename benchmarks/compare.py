@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -529,8 +529,8 @@ def paired(env: Env, keys: tuple[str, str], jobs: int,
     return pairs
 
 
-def pair_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
-    return [x.jobs_per_s / y.jobs_per_s for x, y in pairs if x.jobs_per_s and y.jobs_per_s]
+def jobs_rate(result: Result) -> float | None:
+    return result.jobs_per_s
 
 
 def cpu_total(result: Result) -> float | None:
@@ -547,15 +547,14 @@ def quotient(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def pair_cpu_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
-    """Per round: A's CPU per job ÷ B's."""
-    got = [quotient(cpu_total(x), cpu_total(y)) for x, y in pairs]
-    return [r for r in got if r is not None]
+#: What a paired round compares: drain rate, CPU per job, enqueue rate (each round
+#: enqueues its drain's jobs first).
+Measure = Callable[[Result], "float | None"]
 
 
-def pair_enqueue_ratios(pairs: list[tuple[Result, Result]]) -> list[float]:
-    """Per round: A's enqueue rate ÷ B's (each round enqueues its drain's jobs first)."""
-    got = [quotient(enqueue_rate(x), enqueue_rate(y)) for x, y in pairs]
+def pair_ratios(pairs: list[tuple[Result, Result]], measure: Measure = jobs_rate) -> list[float]:
+    """Per round: A's ``measure`` ÷ B's (rounds where either is missing left out)."""
+    got = [quotient(measure(x), measure(y)) for x, y in pairs]
     return [r for r in got if r is not None]
 
 
@@ -574,7 +573,7 @@ def paired_table(pairs: list[tuple[Result, Result]]) -> str:
                      f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({fmt_times(quotient(ca, cb))})",
                      f"{fmt(ea, ',.0f', '—')} / {fmt(eb, ',.0f', '—')} ({fmt_times(quotient(ea, eb))})"])
     medians = ["median", "", ""]
-    for got in (pair_ratios(pairs), pair_cpu_ratios(pairs), pair_enqueue_ratios(pairs)):
+    for got in (pair_ratios(pairs, m) for m in (jobs_rate, cpu_total, enqueue_rate)):
         medians.append(f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
                        if got else "—")
     rows.append(medians)

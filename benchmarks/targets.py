@@ -37,6 +37,7 @@ import psycopg
 from benchmarks.compare import (
     PAIR,
     Env,
+    Measure,
     Result,
     atlantis_system,
     compare,
@@ -45,9 +46,8 @@ from benchmarks.compare import (
     enqueue_rate,
     fmt_times,
     header,
+    jobs_rate,
     markdown,
-    pair_cpu_ratios,
-    pair_enqueue_ratios,
     pair_ratios,
     paired,
     paired_table,
@@ -187,6 +187,17 @@ def verdict(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**missed**")
 
 
+def with_pairs(ratio: float | None, pairs: list[tuple[Result, Result]],
+               measure: Measure) -> tuple[float | None, str]:
+    """The median of the side-by-side ``ratio`` and the paired rounds' (one ratio of two
+    runs minutes apart is at the mercy of the machine's drift), and its text."""
+    got = [*([ratio] if ratio is not None else []), *pair_ratios(pairs, measure)]
+    median = statistics.median(got) if got else None
+    text = (f"median over this and {len(pairs)} paired rounds: {fmt_times(median)}"
+            + (f" (range {min(got):.2f}–{max(got):.2f}x)" if got else ""))
+    return median, text
+
+
 def rate_of(result: Result | None) -> float | None:
     return result.jobs_per_s if result else None
 
@@ -206,16 +217,11 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
 
     r10 = quotient(rate, pgq.jobs_per_s if pgq else None)
     r200 = quotient(rate, pgq200.jobs_per_s if pgq200 else None)
-    # The verdict takes the median of the side-by-side ratio and the paired rounds': one
-    # ratio of two drains minutes apart is at the mercy of the machine's drift.
-    got = [*([r10] if r10 is not None else []), *pair_ratios(pairs)]
-    median = statistics.median(got) if got else None
+    median, median_text = with_pairs(r10, pairs, jobs_rate)
     rows.append([f"drain {jobs:,} no-op jobs, one supervisor, `--isolation reuse` "
                  "(concurrency 8)",
                  f"{_n(rate)} jobs/s = {fmt_times(r10)} pgqueuer batch 10 ({_n(rate_of(pgq))}),"
-                 f" {fmt_times(r200)} batch 200 ({_n(rate_of(pgq200))}); median over this and "
-                 f"{len(pairs)} paired rounds: {fmt_times(median)}"
-                 + (f" (range {min(got):.2f}–{max(got):.2f}x)" if got else ""),
+                 f" {fmt_times(r200)} batch 200 ({_n(rate_of(pgq200))}); {median_text}",
                  "≥ 1.0x pgqueuer's default (batch 10); aim ≥ 1.0x batch 200",
                  verdict(None if median is None else median >= 1.0)
                  + ("" if r200 is None else f" (aim: {verdict(r200 >= 1.0)})")])
@@ -262,26 +268,21 @@ def target_rows(side: list[Result], sweep: list[Result], memory: Result,
     ours_t = cpu_total(atl) if atl else None
     theirs_t = cpu_total(pgq) if pgq else None
     rc = quotient(ours_t, theirs_t)
-    cpus = [*([rc] if rc is not None else []), *pair_cpu_ratios(pairs)]
-    mc = statistics.median(cpus) if cpus else None
+    mc, mc_text = with_pairs(rc, pairs, cpu_total)
     rows.append([f"CPU per job (supervisor + children + PostgreSQL), {jobs:,}-job drain",
                  (f"{_f(ours_t, '.3f')} ms ({_f(ours.worker, '.3f')} + "
                   f"{_f(ours.children, '.3f')} + {_f(ours.store, '.3f')})" if ours else "—")
-                 + f" = {fmt_times(rc)} pgqueuer batch 10's {_f(theirs_t, '.3f')} ms; median over "
-                 f"this and {len(pairs)} paired rounds: {fmt_times(mc)}"
-                 + (f" (range {min(cpus):.2f}–{max(cpus):.2f}x)" if cpus else ""),
+                 + f" = {fmt_times(rc)} pgqueuer batch 10's {_f(theirs_t, '.3f')} ms; {mc_text}",
                  "≤ 2x pgqueuer's (worker + PostgreSQL)",
                  verdict(None if mc is None else mc <= 2.0)])
 
     ea = enqueue_rate(atl) if atl else None
     ep = enqueue_rate(pgq) if pgq else None
     re_ = quotient(ea, ep)
-    enq = [*([re_] if re_ is not None else []), *pair_enqueue_ratios(pairs)]
-    me = statistics.median(enq) if enq else None
+    me, me_text = with_pairs(re_, pairs, enqueue_rate)
     rows.append([f"`enqueue_many` (validated), {jobs:,} rows, 1,000 a transaction",
-                 f"{_n(ea)} rows/s = {fmt_times(re_)} pgqueuer's batch enqueue ({_n(ep)}); median "
-                 f"over this and {len(pairs)} paired rounds: {fmt_times(me)}"
-                 + (f" (range {min(enq):.2f}–{max(enq):.2f}x)" if enq else ""),
+                 f"{_n(ea)} rows/s = {fmt_times(re_)} pgqueuer's batch enqueue ({_n(ep)}); "
+                 f"{me_text}",
                  "≥ 1.0x pgqueuer's batch enqueue (asyncpg)",
                  verdict(None if me is None else me >= 1.0)])
     return rows

@@ -161,11 +161,11 @@ class Pool:
         """
         rt = self.rt
         stale = expired = 0
+        now = rt.now()
         while rt.held and not rt.draining:
             if not any(c.state == "idle" for c in self.children):
                 break
             a = rt.held.popleft()
-            now = rt.now()
             if policy.held_too_long(now, a.renewed_at, a.heartbeat, rt.settings.claim_ahead_hold):
                 self.completer.record(a, policy.RELEASE)
                 stale += 1
