@@ -19,7 +19,7 @@ import pytest
 
 from atlantis.app import load_app
 from atlantis.store import migrate, sync
-from atlantis.store.database import ENV_URL
+from atlantis.store.database import ENV_URL, ensure_server_user
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -63,6 +63,8 @@ def pg_server(pg_home: Path) -> Iterator[Any]:
         warnings.simplefilter("ignore")
         from pgserver.postgres_server import get_server
 
+        if os.geteuid() == 0:  # each xdist worker starts a server: create its user once
+            ensure_server_user()
         server = get_server(pg_home / "pgdata", cleanup_mode="stop")
     os.environ["ATLANTIS_HOME"] = str(pg_home)
     os.environ.pop(ENV_URL, None)

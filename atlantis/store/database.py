@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import stat
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -67,15 +68,31 @@ def embedded_url(home: Path | None = None) -> str:
 
         _harden(postgres_server)
         if _as_root():
-            from pgserver.utils import ensure_user_exists
-
-            ensure_user_exists(SERVER_USER)
+            ensure_server_user()
             _let_server_through(home, is_home=True)
         server = postgres_server.get_server(data, cleanup_mode=None)
         info = server.get_postmaster_info()
         if info.socket_dir is not None:
             _check_private(Path(info.socket_dir), "the embedded PostgreSQL's socket folder")
         return str(server.get_uri())
+
+
+def ensure_server_user() -> None:
+    """Create the system user the embedded server runs as (root only), tolerating another
+    process creating it at the same moment: two commands (or two test workers) starting on a
+    fresh machine both found it missing, and the second ``useradd`` failed."""
+    from pgserver.utils import ensure_user_exists
+
+    try:
+        ensure_user_exists(SERVER_USER)
+    except subprocess.CalledProcessError:
+        import pwd
+
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            raise
+        # created by the other process meanwhile
 
 
 def _as_root() -> bool:
