@@ -177,8 +177,9 @@ def test_database_enforces_invariants(db: psycopg.Connection[Any]) -> None:
 def test_kill_9_supervisor_children_die_and_another_finishes(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # Long enough that none ends before the 20th starts (children start a few at a time).
-    ids = atlantis.enqueue_many(db, "tests.Sleep", [{"key": f"k{i}", "seconds": 8.0} for i in range(20)])
+    # Long enough that none ends before the 20th starts (children start a few at a time; on a
+    # machine loaded 6x over, 8 s was not: the first attempt finished before the kill).
+    ids = atlantis.enqueue_many(db, "tests.Sleep", [{"key": f"k{i}", "seconds": 20.0} for i in range(20)])
     first = supervise(concurrency=20)
     wait_for(lambda: db.execute("SELECT count(*) FROM test_events WHERE event = 'started'").fetchone() == (20,),
              timeout=60, message="20 attempts started")
@@ -187,7 +188,7 @@ def test_kill_9_supervisor_children_die_and_another_finishes(
     first.wait()
     wait_for(lambda: all(_gone(p) for p in pids), timeout=5,
              message="children of the killed supervisor to die")
-    supervise(concurrency=10)
+    supervise(concurrency=20)
     for job_id in ids:
         row = wait_state(db, job_id, "complete", timeout=90)
         assert row["attempt"] == 2
