@@ -121,7 +121,7 @@ class SilentPeer:
         server = socket.socket(socket.AF_UNIX)
         self.open.append(server)
         try:
-            server.connect(self.upstream)
+            server.connect(self.upstream or "")
             head = _read(client, 4)
             server.sendall(head + _read(client, int.from_bytes(head, "big") - 4))
             while chunk := server.recv(65536):  # the server's side still reaches the client
