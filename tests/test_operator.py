@@ -227,3 +227,26 @@ def test_a_statement_blocked_by_a_lock_is_cancelled_at_the_deadline(
     # A bad --timeout is a usage error.
     bad = tide(db_url, "--timeout", "soon", "job", "list", check=False)
     assert (bad.returncode, _last_line(bad)) == (2, BAD_TIMEOUT)
+
+
+# ---- a metrics port that cannot be had ------------------------------------------------------
+
+def test_a_metrics_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_exit_2(
+        db: psycopg.Connection[Any], supervise: Any) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "metrics"})
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        in_use = supervise("--metrics-port", str(port), concurrency=1)
+        assert in_use.wait() == 2
+    unknown = supervise("--metrics-port", "9", "--metrics-host", "nosuch.invalid", concurrency=1)
+    assert unknown.wait() == 2
+    for sup, line in ((in_use, f"atlantis-supervise: --metrics-port {port}: cannot listen on "
+                               f"127.0.0.1:{port}: Address already in use"),
+                      (unknown, "atlantis-supervise: --metrics-host nosuch.invalid: cannot "
+                                "resolve it: ")):
+        log = sup.log()
+        assert "Traceback" not in log, log
+        assert log.strip().splitlines()[-1].startswith(line), log
+    # Nothing was claimed: no child ever started.
+    assert db.execute("SELECT state, attempt FROM atlantis.jobs WHERE id = %s",
+                      (job_id,)).fetchone() == ("available", 0)
