@@ -516,3 +516,10 @@ def test_a_console_bound_to_another_loopback_address_answers_it(
     assert httpx.get(con.url + "/api/jobs", headers={"Host": "evil.example"}).status_code == 400
     assert httpx.get(con.url + "/api/jobs",
                      headers={"Host": "127.0.0.2.evil.example"}).status_code == 400
+
+
+def test_the_bad_input_table_quotes_these_messages() -> None:
+    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    for case, (*_, status, message) in BAD_PARAMETERS.items():
+        assert f"| {status}, `{message}` | `tests/test_console_api.py::" \
+               f"test_bad_parameters_are_json_4xx_not_500[{case}]` |" in text, case

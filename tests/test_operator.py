@@ -250,3 +250,11 @@ def test_a_metrics_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_e
     # Nothing was claimed: no child ever started.
     assert db.execute("SELECT state, attempt FROM atlantis.jobs WHERE id = %s",
                       (job_id,)).fetchone() == ("available", 0)
+
+
+def test_the_bad_input_table_quotes_these_messages() -> None:
+    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    for message in (SHOWN, CONNECT_TOO_SLOW, STATEMENT_TOO_SLOW, BAD_TIMEOUT,
+                    "atlantis-supervise: --metrics-host nosuch.invalid: cannot resolve it: ",
+                    ": cannot listen on 127.0.0.1:9100: Address already in use"):
+        assert message in text, message
