@@ -480,6 +480,7 @@ BAD_PARAMETERS: dict[str, tuple[str, str, Any, int, str]] = {
     "nul-in-reason": ("POST", "/api/queues/console/pause", {"reason": "a\u0000"}, 400,
                       "reason: contains a NUL character (\\u0000), which PostgreSQL cannot "
                       "store"),
+    "empty-queue-name": ("POST", "/api/queues//pause", None, 400, "queue: missing"),
     "nul-in-queue-name": ("POST", "/api/queues/a%00b/pause", None, 400,
                           "queue: contains a NUL character (\\u0000), which PostgreSQL cannot "
                           "store"),

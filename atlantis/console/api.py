@@ -223,7 +223,8 @@ async def bulk(request: Request) -> Response:
 async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
                      reason: str | None) -> dict[str, Any]:
     by = _by(who)
-    text_param(queue, "queue")
+    if not text_param(queue, "queue"):
+        raise ApiError(400, "queue: missing")
 
     def run(conn: psycopg.Connection[Any]) -> bool:
         if paused:
