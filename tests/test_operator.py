@@ -53,6 +53,10 @@ def test_handler_text_is_escaped_in_every_human_output_and_exact_in_json(
                (f"Traceback (most recent call last):\n  File \"x\"\nValueError: {HOSTILE}",
                 HOSTILE, failed))
     admin.pause_queue(db, queue, reason=HOSTILE, by="ops" + HOSTILE)
+    atlantis.enqueue(db, "tests.Echo", {"key": "y"}, queue="u" + HOSTILE)  # nobody serves it
+    db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, "
+               "expires_at, jobs) VALUES (%s, %s, 77, %s, 1, 0, now() + interval '1 minute', "
+               "'[]')", ("w" + HOSTILE, "h" + HOSTILE, [queue]))
     wait_for(lambda: tide(db_url, "job", "logs", str(logged)).stdout, message="the log lines")
 
     outputs = {
@@ -63,6 +67,8 @@ def test_handler_text_is_escaped_in_every_human_output_and_exact_in_json(
         "dlq": tide(db_url, "dlq", "list").stdout,
         "stats": tide(db_url, "queue", "stats").stdout,
         "watch": tide(db_url, "job", "watch", str(progress)).stdout,
+        "workers": tide(db_url, "worker", "list").stdout,
+        "doctor": tide(db_url, "db", "doctor", check=False).stdout,
         "resume": tide(db_url, "queue", "resume", queue).stdout,
     }
     for name, text in outputs.items():
@@ -71,6 +77,8 @@ def test_handler_text_is_escaped_in_every_human_output_and_exact_in_json(
     assert SHOWN in outputs["status-dead"] and SHOWN in outputs["dlq"]
     assert "q" + SHOWN in outputs["list"] and "q" + SHOWN in outputs["stats"]
     assert outputs["resume"] == f"queue q{SHOWN} resumed\n"
+    assert "h" + SHOWN in outputs["workers"] and "w" + SHOWN in outputs["workers"]
+    assert "u" + SHOWN in outputs["doctor"]
     # A traceback stays on its lines, each control in it escaped.
     error = outputs["status-dead"].split("  error      ", 1)[1].splitlines()
     assert error[:3] == ["Traceback (most recent call last):", " " * 13 + '  File "x"',
