@@ -266,3 +266,35 @@ def test_the_bad_input_table_quotes_these_messages() -> None:
                     "atlantis-supervise: --metrics-host nosuch.invalid: cannot resolve it: ",
                     ": cannot listen on 127.0.0.1:9100: Address already in use"):
         assert message in text, message
+
+
+def test_commands_that_wait_by_nature_outlive_the_statement_deadline(
+        db: psycopg.Connection[Any], db_url: str) -> None:
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "patient"})
+    holder = psycopg.connect(db_url)
+    holder.execute("LOCK TABLE atlantis.jobs IN ACCESS EXCLUSIVE MODE")
+    argvs = {"watch": ["job", "watch", str(job_id), "--interval", "100ms"],
+             "prune": ["job", "prune", "--older-than", "1d"]}
+    procs = {name: subprocess.Popen([str(BIN / "tide"), "--database-url", db_url, "--timeout",
+                                     "1s", *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for name, argv in argvs.items()}
+    try:
+        try:
+            # Both wait on the lock well past their 1 s deadline (by the server's clock).
+            wait_for(lambda: db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tide' AND "
+                "wait_event_type = 'Lock' AND now() - query_start > interval '3 seconds'"
+            ).fetchone() == (2,), message="both commands waiting on the lock past the deadline")
+            assert all(p.poll() is None for p in procs.values())
+        finally:
+            holder.close()
+        make_dead(db, job_id)  # watch ends once the job has finished
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=60)
+            assert (proc.returncode, "Traceback" in err) == (0, False), (name, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
