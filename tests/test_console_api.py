@@ -288,7 +288,7 @@ class Console:
              "--host", "127.0.0.1", "--port", "0", *args],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})})
-        found = wait_for(lambda: re.search(r"on (http://127\.0\.0\.1:\d+)/", self.log()),
+        found = wait_for(lambda: re.search(r"on (http://[^/ ]+)/", self.log()),
                          message="the console to listen")
         self.url: str = found.group(1)
 
@@ -391,3 +391,136 @@ def test_without_the_extra_it_says_how_to_install() -> None:
                        timeout=60)
     assert r.returncode == 2
     assert "pip install 'atlantis-jobs[console]'" in r.stderr
+
+
+# ---- queue names, bad parameters, the bound host -------------------------------------------
+
+def _paused(conn: psycopg.Connection[Any]) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM atlantis.queues WHERE paused")}
+
+
+def test_any_queue_name_can_be_paused_and_a_button_acts_only_on_its_row(
+        db: psycopg.Connection[Any], client: Client) -> None:
+    from urllib.parse import quote, unquote
+
+    names = ["reports/daily", "../queues/bh", "bh", "50% off & more?", "..", "a/pause"]
+    for name in names:
+        atlantis.enqueue(db, "console.Quick", {"account_id": "x"}, queue=name)
+    c = client(token=True)
+    # The API: the name percent-encoded in the path, a "/" as %2F.
+    for name in ("reports/daily", "../queues/bh", "50% off & more?", "a/pause"):
+        r = c.post(f"/api/queues/{quote(name, safe='')}/pause", headers=BEARER)
+        assert r.json() == {"queue": name, "paused": True, "changed": True}, (name, r.text)
+        assert _paused(db) == {name}
+        r = c.post(f"/api/queues/{quote(name, safe='')}/resume", headers=BEARER)
+        assert r.json() == {"queue": name, "paused": False, "changed": True}, (name, r.text)
+    assert c.post("/api/queues/bh/pause", headers=BEARER).json()["queue"] == "bh"
+    assert c.post("/api/queues/bh/resume", headers=BEARER).json()["changed"] is True
+
+    # The page: each row's form names its own queue, and pausing it pauses that one only.
+    page = c.get("/queues", headers=BEARER).text
+    rows = re.findall(r'<a href="/jobs\?queue=([^"]*)">.*?</a>.*?action="/queues/(pause|resume)"'
+                      r'.*?name="queue" value="([^"]*)"', page, re.S)
+    assert set(names) <= {unquote(link) for link, _, _ in rows}
+    for link, action, value in rows:
+        assert (action, value) == ("pause", link)
+    for name in names:
+        r = c.post("/queues/pause", headers=BEARER, follow_redirects=False,
+                   data={"queue": quote(name), "reason": "test"})
+        assert r.status_code == 303, (name, r.text)
+        assert _paused(db) == {name}, name
+        r = c.post("/queues/resume", headers=BEARER, follow_redirects=False,
+                   data={"queue": quote(name)})
+        assert r.status_code == 303 and _paused(db) == set(), name
+    # The path form of the pages still works for plain names.
+    assert c.post("/queues/bh/pause", headers=BEARER, follow_redirects=False).status_code == 303
+    assert _paused(db) == {"bh"}
+    assert c.post("/queues/pause", headers=BEARER).status_code == 400
+
+
+#: (method, path, JSON body or None): (status, the error's exact text)
+BAD_PARAMETERS: dict[str, tuple[str, str, Any, int, str]] = {
+    "before-out-of-range": ("GET", "/api/jobs?before=99999999999999999999", None, 400,
+                            "before: out of range (at most 9223372036854775807)"),
+    "after-out-of-range": ("GET", "/api/jobs/{job}/logs?after=99999999999999999999", None, 400,
+                           "after: out of range (at most 9223372036854775807)"),
+    "attempt-out-of-range": ("GET", "/api/jobs/{job}/logs?attempt=2147483648", None, 400,
+                             "attempt: out of range (at most 2147483647)"),
+    "audit-before-out-of-range": ("GET", "/api/audit?before=-99999999999999999999", None, 400,
+                                  "before: out of range (at most 9223372036854775807)"),
+    "job-id-out-of-range": ("GET", "/api/jobs/99999999999999999999", None, 404,
+                            "no job with id 99999999999999999999"),
+    "nul-in-args-json": ("GET", "/api/jobs?args=%7B%22a%22%3A%22%5Cu0000%22%7D", None, 400,
+                         "args: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                         "store"),
+    "nul-in-args-pairs": ("GET", "/api/jobs?args=a:%00", None, 400,
+                          "args: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                          "store"),
+    "nul-in-queue": ("GET", "/api/jobs?queue=a%00b", None, 400,
+                     "queue: contains a NUL character (\\u0000), which PostgreSQL cannot store"),
+    "nul-in-dlq-queue": ("GET", "/api/dlq?queue=%00", None, 400,
+                         "queue: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                         "store"),
+    "bool-ids": ("POST", "/api/jobs/bulk", {"action": "cancel", "ids": [True]}, 400,
+                 "ids: a list of integers (job ids)"),
+    "huge-ids": ("POST", "/api/jobs/bulk", {"action": "cancel", "ids": [2**63]}, 400,
+                 "ids: a list of integers (job ids)"),
+    "list-action": ("POST", "/api/jobs/bulk", {"action": ["retry"], "ids": [1]}, 400,
+                    "action: one of retry, cancel, delete"),
+    "number-queue-filter": ("POST", "/api/jobs/bulk",
+                            {"action": "cancel", "dry_run": True, "filter": {"queue": 5}}, 400,
+                            "queue: a string"),
+    "list-args-filter": ("POST", "/api/jobs/bulk",
+                         {"action": "cancel", "dry_run": True, "filter": {"args": [1]}}, 400,
+                         "args: expected key:value[,key:value...] or a JSON object"),
+    "nul-in-args-filter": ("POST", "/api/jobs/bulk",
+                           {"action": "cancel", "filter": {"args": {"a": "\u0000"}}}, 400,
+                           "args: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                           "store"),
+    "nul-in-reason": ("POST", "/api/queues/console/pause", {"reason": "a\u0000"}, 400,
+                      "reason: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                      "store"),
+    "empty-queue-name": ("POST", "/api/queues//pause", None, 400, "queue: missing"),
+    "nul-in-queue-name": ("POST", "/api/queues/a%00b/pause", None, 400,
+                          "queue: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                          "store"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PARAMETERS))
+def test_bad_parameters_are_json_4xx_not_500(db: psycopg.Connection[Any], client: Client,
+                                             case: str) -> None:
+    method, path, body, status, message = BAD_PARAMETERS[case]
+    job_id = enqueue(db, "console.Import", account_id="acme")
+    c = client(token=True)
+    r = c.request(method, path.format(job=job_id), headers=BEARER,
+                  json=body if body is not None else None)
+    assert r.headers["content-type"].startswith("application/json"), r.text
+    assert (r.status_code, r.json()) == (status, {"error": message})
+    # The pages answer the same refusals with an error page, never a 500.
+    if method == "GET" and path.startswith("/api/jobs?"):
+        page = c.get(path.removeprefix("/api"))
+        assert page.status_code == status and "text/html" in page.headers["content-type"]
+    assert db.execute("SELECT state FROM atlantis.jobs WHERE id = %s",
+                      (job_id,)).fetchone() == ("available",)
+    assert db.execute("SELECT count(*) FROM atlantis.queues WHERE paused").fetchone() == (0,)
+
+
+def test_a_console_bound_to_another_loopback_address_answers_it(
+        console_server: Callable[..., Console]) -> None:
+    con = console_server("--host", "127.0.0.2")
+    assert con.url.startswith("http://127.0.0.2:")
+    r = httpx.get(con.url + "/api/jobs")  # Host: 127.0.0.2:PORT
+    assert r.status_code == 200, r.text
+    assert httpx.get(con.url + "/queues").status_code == 200
+    # DNS rebinding is still refused: a name that is not the bound address nor loopback.
+    assert httpx.get(con.url + "/api/jobs", headers={"Host": "evil.example"}).status_code == 400
+    assert httpx.get(con.url + "/api/jobs",
+                     headers={"Host": "127.0.0.2.evil.example"}).status_code == 400
+
+
+def test_the_bad_input_table_quotes_these_messages() -> None:
+    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    for case, (*_, status, message) in BAD_PARAMETERS.items():
+        assert f"| {status}, `{message}` | `tests/test_console_api.py::" \
+               f"test_bad_parameters_are_json_4xx_not_500[{case}]` |" in text, case

@@ -16,18 +16,26 @@ from psycopg.pq import TransactionStatus
 
 from atlantis.store import admin
 from atlantis.store.database import (
+    CONNECT_DEADLINE,
     ENV_URL,
+    STATEMENT_DEADLINE,
     DatabaseUrlError,
+    DeadlineConnection,
+    StatementDeadline,
     announce,
     check_url,
+    connect_timeout,
     describe_db_error,
     redact,
     resolve_url,
 )
 from atlantis.store.migrate import schema_problem
-from atlantis.units import parse_duration
+from atlantis.units import format_duration, parse_duration
 
 _Row = TypeVar("_Row")
+
+#: How long tide waits for the database (to connect, and for each statement): ``--timeout``.
+ENV_TIMEOUT = "ATLANTIS_TIDE_TIMEOUT"
 
 #: How often ``job logs --follow`` looks for new lines.
 FOLLOW_INTERVAL = 0.5
@@ -40,7 +48,9 @@ _SCHEMA_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"tide: {message}", err=True)
+    from atlantis.cli.render import safe
+
+    click.echo(f"tide: {safe(message)}", err=True)
     sys.exit(code)
 
 
@@ -56,15 +66,28 @@ def _operator() -> str | None:
         return None
 
 
+def _too_slow(seconds: float) -> str:
+    return (f"no answer within {format_duration(seconds)}; wait longer with --timeout or "
+            f"{ENV_TIMEOUT}")
+
+
 @contextmanager
-def _connect(ctx: click.Context, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+def _connect(ctx: click.Context, *, autocommit: bool = True,
+             deadline: bool = True) -> Iterator[psycopg.Connection[Any]]:
     """A connection to the database; any failure to reach it ends the command with one line.
 
     A URL libpq cannot parse exits 2, a database that cannot be reached (or is lost while
     the command runs) exits 1, and so does a schema that is missing or older than this
     tide; no message quotes the URL's password.
+
+    Connecting waits at most 5 s, and each statement 30 s (``--timeout`` sets both; 0: no
+    deadline), then the command exits 1 with one line: a stopped server or a silent peer
+    never hangs a command. ``deadline=False`` (commands that wait by nature: watch,
+    ``logs --follow``, migrate waiting for its lock, prune) keeps only the connect deadline.
     """
-    explicit = ctx.find_root().obj["database_url"] or os.environ.get(ENV_URL)
+    root = ctx.find_root().obj
+    explicit = root["database_url"] or os.environ.get(ENV_URL)
+    chosen: float | None = root.get("timeout")
     try:
         url = resolve_url(explicit)
     except Exception as exc:
@@ -73,20 +96,35 @@ def _connect(ctx: click.Context, *, autocommit: bool = True) -> Iterator[psycopg
         check_url(url)
     except DatabaseUrlError as exc:
         _fail(str(exc), code=2)
+    waits: dict[str, Any] = {}
+    connect_s = CONNECT_DEADLINE if chosen is None else chosen
+    if chosen is not None or "connect_timeout" not in (_conninfo(url) or {}):
+        waits["connect_timeout"] = connect_timeout(connect_s)
     try:
-        conn = psycopg.connect(url, autocommit=autocommit, application_name="tide")
+        conn = DeadlineConnection.connect(url, autocommit=autocommit, application_name="tide",
+                                          **waits)
+    except psycopg.errors.ConnectionTimeout:
+        _fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}")
     except (psycopg.Error, OSError) as exc:
         _fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
+    statement_s = STATEMENT_DEADLINE if chosen is None else chosen
+    if deadline and statement_s > 0:
+        conn.statement_deadline = statement_s
     announce(url, embedded=not explicit)
-    with conn:
-        try:
-            yield conn
-        except _SCHEMA_ERRORS:
-            _fail(_schema_problem(conn))
-        except psycopg.OperationalError as exc:
-            _fail(f"lost the database: {describe_db_error(exc, url)}")
-        except psycopg.Error as exc:
-            _fail(f"database error: {describe_db_error(exc, url)}")
+    try:
+        with conn:
+            try:
+                yield conn
+            except _SCHEMA_ERRORS:
+                _fail(_schema_problem(conn))
+            except psycopg.OperationalError as exc:
+                if conn.deadline_passed is not None:  # cancelled by its deadline
+                    _fail(f"the database gave {_too_slow(conn.deadline_passed)}")
+                _fail(f"lost the database: {describe_db_error(exc, url)}")
+            except psycopg.Error as exc:
+                _fail(f"database error: {describe_db_error(exc, url)}")
+    except StatementDeadline as exc:
+        _fail(f"the database gave {_too_slow(exc.seconds)}")
 
 
 def _schema_problem(conn: psycopg.Connection[Any]) -> str:
@@ -127,3 +165,12 @@ def _rows(ctx: click.Context, read: Callable[[psycopg.Connection[Any]], list[_Ro
     with _connect(ctx) as conn:
         _check_queue(conn, queue)
         return read(conn)
+
+
+def _conninfo(url: str) -> dict[str, Any] | None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return conninfo_to_dict(url)
+    except (psycopg.Error, ValueError):
+        return None

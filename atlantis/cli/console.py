@@ -52,7 +52,7 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
     import uvicorn
 
     from atlantis.console.app import create_app
-    from atlantis.console.settings import ENV_TOKEN, LOOPBACK_NAMES, Settings, loopback
+    from atlantis.console.settings import ENV_TOKEN, Settings, loopback, loopback_hosts
     from atlantis.store.database import (
         DatabaseUrlError,
         announce,
@@ -78,7 +78,7 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
     announce(url, embedded=not explicit)
     settings = Settings.from_env(
         url, private=private, redact=frozenset(redact),
-        allowed_hosts=LOOPBACK_NAMES if loopback(host) else None)
+        allowed_hosts=loopback_hosts(host) if loopback(host) else None)
     if private and settings.token is None:
         click.echo(f"tide: console: --private needs {ENV_TOKEN} (label:secret)", err=True)
         sys.exit(2)

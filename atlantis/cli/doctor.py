@@ -32,6 +32,7 @@ def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
            missed_within: str) -> None:
     """Check the database: bloat, old transactions, expired leases, unserved queues."""
     from atlantis.cli.common import _connect, _dump, _duration
+    from atlantis.cli.render import safe
 
     ages = (_duration("--xact-age", xact_age), _duration("--lease-grace", lease_grace),
             _duration("--missed-within", missed_within))
@@ -43,11 +44,12 @@ def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
     else:
         width = max(len(c.name) for c in report.checks)
         for check in report.checks:
-            click.echo(f"{'ok' if check.ok else 'PROBLEM':7} {check.name:{width}}  {check.summary}")
+            click.echo(safe(f"{'ok' if check.ok else 'PROBLEM':7} {check.name:{width}}  "
+                            f"{check.summary}"))
             if not check.ok:
                 for item in check.items[:10]:
-                    click.echo(" " * 10 + ", ".join(f"{k}={v}" for k, v in item.items()
-                                                    if v is not None))
+                    click.echo(" " * 10 + safe(", ".join(f"{k}={v}" for k, v in item.items()
+                                                         if v is not None)))
         problems = report.problems
         click.echo(f"doctor: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
                    + (f" ({', '.join(c.name for c in problems)})" if problems else ""),

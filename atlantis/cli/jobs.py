@@ -63,7 +63,7 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
     """The status of a job, live, until it finishes."""
     pause = _duration("--interval", interval)
     tty = sys.stdout.isatty()
-    with _connect(ctx) as conn:
+    with _connect(ctx, deadline=False) as conn:
         previous = 0
         while True:
             row = _get_job(conn, job_id)
@@ -179,7 +179,7 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
 def job_logs(ctx: click.Context, job_id: int, attempt: int | None, follow: bool,
              as_json: bool) -> None:
     """What an attempt wrote to its stdout and stderr."""
-    with _connect(ctx) as conn:
+    with _connect(ctx, deadline=not follow) as conn:
         row = _get_job(conn, job_id)
         latest = admin.latest_log_attempt(conn, job_id)
         if attempt is None:
@@ -240,8 +240,8 @@ def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
                "at": line.at.isoformat(), "stream": line.stream, "line": line.line}
         return orjson.dumps(doc).decode()
     stamp = line.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    stream = click.style(f"{line.stream:<6}", fg="red" if line.stream == "stderr" else None)
-    return f"{stamp} {stream} {line.line}"
+    stream = click.style(f"{render.safe(line.stream):<6}", fg="red" if line.stream == "stderr" else None)
+    return f"{stamp} {stream} {render.safe(line.line)}"
 
 
 @job.command("prune")
@@ -254,7 +254,7 @@ def job_prune(ctx: click.Context, older_than: str, states: tuple[str, ...]) -> N
     """Delete finished jobs (with their attempts and logs); prints how many."""
     seconds = _duration("--older-than", older_than)
     chosen = list(states or admin.FINISHED)
-    with _connect(ctx) as conn:
+    with _connect(ctx, deadline=False) as conn:
         deleted = admin.prune(conn, seconds, chosen)
     click.echo(f"tide: pruned {deleted} {'/'.join(chosen)} jobs finished more than "
                f"{format_duration(seconds)} ago", err=True)

@@ -9,6 +9,7 @@ rendered without colour and without width limits (no cut cells, no trailing spac
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,40 @@ from rich.text import Text
 
 from atlantis.store.admin import AttemptRow, JobRow, QueueStats, WorkerRow, parse_worker
 from atlantis.units import format_duration, format_size
+
+# ---- handler text ------------------------------------------------------------------------
+
+#: What a terminal would obey rather than show: C0 controls (ESC, CR, BEL, backspace...),
+#: DEL, C1 controls (CSI, OSC...), the bidirectional overrides, embeddings and isolates
+#: (which reorder what follows them), and the line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                      "\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _SHORT:
+        return _SHORT[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: object, *, multiline: bool = False) -> str:
+    """``text`` (a handler's message, error or log line, a name anyone could enqueue) as a
+    terminal shows it rather than obeys it: every control character is escaped, ``ESC``
+    reads ``\\x1b``, ``CR`` ``\\r``, a bidi override ``\\u202e``. ``multiline`` keeps the
+    newlines (and tabs) of a text meant to span lines, such as a traceback. ``--json``
+    output never goes through here: it stays exact."""
+    text = "" if text is None else str(text)
+    if multiline:
+        return "\n".join(_CONTROL.sub(_escape_but_tab, line) for line in text.split("\n"))
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape_but_tab(match: re.Match[str]) -> str:
+    return "\t" if match.group() == "\t" else _escape(match)
+
 
 BAR_WIDTH = 30
 SMALL_BAR = 10
@@ -98,13 +133,14 @@ def holder_text(worker: str | None) -> str:
     if parsed is None:
         return "-"
     host, pid = parsed
+    host = safe(host)
     return host if pid is None else f"{host} pid {pid}"
 
 
 def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
     """``tide job status``: what a person asks of a job, one fact a line."""
     now = job.db_now
-    lines = [f"job {job.id}  {job.job}  queue {job.queue}"]
+    lines = [f"job {job.id}  {safe(job.job)}  queue {safe(job.queue)}"]
 
     def add(label: str, text: str) -> None:
         lines.append(f"  {label:<11}{text}")
@@ -115,7 +151,7 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         flags = "  " + click.style("STALLED", fg="red", bold=True)
     add("state", f"{state}  attempt {job.attempt}/{job.max_attempts}{flags}")
     if job.progress_pct is not None or job.progress_msg:
-        msg = f"  {job.progress_msg}" if job.progress_msg else ""
+        msg = f"  {safe(job.progress_msg)}" if job.progress_msg else ""
         add("progress", f"{progress_bar(job.progress_pct)}{msg}  ({relative(job.progress_at, now)})")
     else:
         add("progress", f"{progress_bar(None)}  (no checkpoint yet)")
@@ -127,7 +163,7 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
             eta += f" (about {_stamp(now + timedelta(seconds=guess.eta_seconds))})"
         add("rate", f"{rate_text(guess.rate)}  ETA {eta}" if job.running else rate_text(guess.rate))
     if job.running:
-        add("holder", f"{holder_text(job.claimed_by)}  ({job.claimed_by})")
+        add("holder", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")
         if job.claimed_until is not None:
             left = (job.claimed_until - now).total_seconds()
             expiry = f"expires {relative(job.claimed_until, now)}" if left > 0 else click.style(
@@ -139,12 +175,12 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         note = f"{quiet} {what}; stalled after {short_duration(job.stall_after)}"
         add("checkpoint", click.style(note, fg="red") if job.stalled else note)
     elif job.claimed_by:
-        add("worker", f"{holder_text(job.claimed_by)}  ({job.claimed_by})")
+        add("worker", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")
     if job.cancel_requested_at is not None and not job.finished:
         add("cancel", f"requested {relative(job.cancel_requested_at, now)}"
-                      f" by {job.cancelled_by or '?'}; the job ends cancelled")
+                      f" by {safe(job.cancelled_by or '?')}; the job ends cancelled")
     elif job.state == "cancelled" and job.cancelled_by:
-        add("cancel", f"by {job.cancelled_by}")
+        add("cancel", f"by {safe(job.cancelled_by)}")
     add("created", f"{_stamp(job.created_at)} ({relative(job.created_at, now)})")
     if job.state == "available":
         add("runs at", f"{_stamp(job.run_at)} ({relative(job.run_at, now)})")
@@ -156,14 +192,15 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
             took = f", ran {short_duration((job.finished_at - job.started_at).total_seconds())}"
         add("finished", f"{_stamp(job.finished_at)} ({relative(job.finished_at, now)}{took})")
     if job.retried_at is not None:
-        add("retried", f"by {job.retried_by or '?'} {relative(job.retried_at, now)}")
+        add("retried", f"by {safe(job.retried_by or '?')} {relative(job.retried_at, now)}")
     add("limits", f"timeout {format_duration(job.timeout)}, heartbeat "
                   f"{format_duration(job.heartbeat)}, stall {format_duration(job.stall_after)}")
     timeline = attempt_lines(job, attempts)
     for i, line in enumerate(timeline):
         add("attempts" if i == 0 else "", line)
     if job.last_error:
-        add("error", job.last_error)
+        # A traceback stays on its lines, each indented under the first.
+        add("error", safe(job.last_error, multiline=True).replace("\n", "\n" + " " * 13))
     if job.error_count:
         add("failures", f"{job.error_count} in all (the last {len(job.errors)} kept in errors)")
     return "\n".join(lines)
@@ -177,9 +214,9 @@ def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:
         ran = "-"
         if a.started_at is not None:
             ran = short_duration((a.finished_at - a.started_at).total_seconds())
-        outcome = a.outcome + (f" ({a.error_kind})" if a.error_kind and a.error_kind != a.outcome
-                               else "")
-        where = a.host or holder_text(a.worker)
+        outcome = safe(a.outcome + (f" ({a.error_kind})" if a.error_kind
+                                    and a.error_kind != a.outcome else ""))
+        where = safe(a.host) if a.host else holder_text(a.worker)
         if a.pid is not None:
             where += f" pid {a.pid}"
         if a.child_pid is not None:
@@ -226,8 +263,9 @@ Cell = str | Text
 def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> None:
     """A table on stdout: with colour on a terminal, free-text columns cut to fit its width
     (never the others); whole and plain in a pipe."""
-    # Text, never str: rich would read "[...]" as markup and ":name:" as an emoji.
-    cells = [[Text(c) if isinstance(c, str) else c for c in row] for row in rows]
+    # Text, never str: rich would read "[...]" as markup and ":name:" as an emoji. Every
+    # cell is one line: newlines and other controls are shown escaped (see safe()).
+    cells = [[Text(safe(c)) if isinstance(c, str) else c for c in row] for row in rows]
     tty = sys.stdout.isatty()
     naturals = [max([cell_len(col.header)] + [row[i].cell_len for row in cells])
                 for i, col in enumerate(columns)]
@@ -260,7 +298,7 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> No
 
 
 def styled(text: str, style: str | None) -> Text:
-    return Text(text, style=style or "")
+    return Text(safe(text), style=style or "")
 
 
 def job_table(jobs: Sequence[JobRow]) -> None:

@@ -42,6 +42,9 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
 def _table(found: list[Schedule], now: datetime) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from atlantis.cli.render import safe
 
     console = Console(soft_wrap=True)
     if not console.is_terminal:
@@ -52,8 +55,9 @@ def _table(found: list[Schedule], now: datetime) -> None:
         table.add_column(header, overflow="fold")
     for s in found:
         last_job = "" if s.last_job_id is None else f"{s.last_job_id} ({s.last_state or 'pruned'})"
-        table.add_row(s.job, s.queue, s.schedule, s.tz or "UTC", _when(s.next_run, now),
-                      _when(s.last_run, now), last_job, str(s.missed) if s.missed else "")
+        table.add_row(*(Text(safe(cell)) for cell in (
+            s.job, s.queue, s.schedule, s.tz or "UTC", _when(s.next_run, now),
+            _when(s.last_run, now), last_job, str(s.missed) if s.missed else "")))
     console.print(table)
 
 

@@ -20,9 +20,11 @@ import atlantis
 from atlantis.app import load_app
 from atlantis.cli import render
 from atlantis.cli.common import (
+    ENV_TIMEOUT,
     _check_queue,
     _connect,
     _dump,
+    _duration,
     _fail,
     _operator,
     _rows,
@@ -42,10 +44,16 @@ from atlantis.store.database import (
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--database-url", default=None, help=f"libpq URL; default ${ENV_URL} or embedded.")
+@click.option("--timeout", default=None, envvar=ENV_TIMEOUT, metavar="DURATION",
+              help=f"How long to wait for the database, to connect and for each statement "
+                   f"(default 5s to connect, 30s a statement; 0: no limit; ${ENV_TIMEOUT}). "
+                   "job watch, job logs --follow, db migrate, db sync and job prune wait as "
+                   "long as their statements take.")
 @click.pass_context
-def main(ctx: click.Context, database_url: str | None) -> None:
+def main(ctx: click.Context, database_url: str | None, timeout: str | None) -> None:
     """Operate atlantis jobs."""
-    ctx.obj = {"database_url": database_url}
+    ctx.obj = {"database_url": database_url,
+               "timeout": None if timeout is None else _duration("--timeout", timeout)}
 
 
 
@@ -99,7 +107,8 @@ def queue_pause(ctx: click.Context, name: str, reason: str | None) -> None:
     with _connect(ctx) as conn:
         _check_queue(conn, name)
         changed = admin.pause_queue(conn, name, reason=reason, by=_operator())
-    click.echo(f"queue {name} paused" + ("" if changed else " (it was paused already)"))
+    click.echo(f"queue {render.safe(name)} paused"
+               + ("" if changed else " (it was paused already)"))
 
 
 @queue.command("resume")
@@ -110,7 +119,8 @@ def queue_resume(ctx: click.Context, name: str) -> None:
     with _connect(ctx) as conn:
         _check_queue(conn, name)
         changed = admin.resume_queue(conn, name, by=_operator())
-    click.echo(f"queue {name} resumed" if changed else f"queue {name} was not paused")
+    shown = render.safe(name)
+    click.echo(f"queue {shown} resumed" if changed else f"queue {shown} was not paused")
 
 
 @main.group()
@@ -144,7 +154,7 @@ def db() -> None:
 def db_migrate(ctx: click.Context, app: str | None) -> None:
     """Create or upgrade the atlantis schema."""
     registry = _load(app) if app else None
-    with _connect(ctx, autocommit=False) as conn:
+    with _connect(ctx, autocommit=False, deadline=False) as conn:
         applied = migrate(conn)
         if registry is not None:
             sync(conn, list(registry.decls.values()))
@@ -157,7 +167,7 @@ def db_migrate(ctx: click.Context, app: str | None) -> None:
 def db_sync(ctx: click.Context, app: str) -> None:
     """Store the app's declarations in the database (enqueues validate against them)."""
     registry = _load(app)
-    with _connect(ctx, autocommit=False) as conn:
+    with _connect(ctx, autocommit=False, deadline=False) as conn:
         migrate(conn)
         sync(conn, list(registry.decls.values()))
     click.echo(f"synced {len(registry.decls)} declarations", err=True)

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from atlantis.console.auth import Principal
 from atlantis.console.common import (
+    BIGINT_MAX,
     BULK_LIMIT,
     ApiError,
     client_of,
@@ -53,6 +54,8 @@ def handle(fn: Any) -> Any:
             return error(503, f"database unavailable: {type(exc).__name__}")
         except psycopg.errors.UndefinedTable:
             return error(503, "the atlantis schema is missing or old: run tide db migrate")
+        except psycopg.DataError as exc:  # a value the database refused: still the caller's
+            return error(400, f"bad parameter: {exc.diag.message_primary or exc}")
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
@@ -104,7 +107,7 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
     """A bulk action; ``who`` None means a dry run was asked for without the right to write
     (allowed: it changes nothing)."""
     action = body.get("action")
-    if action not in store.ACTION_STATES:
+    if not isinstance(action, str) or action not in store.ACTION_STATES:
         raise ApiError(400, "action: one of retry, cancel, delete")
     dry_run = bool(body.get("dry_run", False))
     states = store.ACTION_STATES[action]
@@ -114,8 +117,10 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
     if (ids_in is None) == (flt_in is None):
         raise ApiError(400, "give either ids or filter")
     if ids_in is not None:
-        if not isinstance(ids_in, list) or not all(isinstance(i, int) for i in ids_in):
-            raise ApiError(400, "ids: a list of integers")
+        # Not bool (an int to Python), nor beyond the database's bigint ids.
+        if not isinstance(ids_in, list) or not all(
+                type(i) is int and -BIGINT_MAX - 1 <= i <= BIGINT_MAX for i in ids_in):
+            raise ApiError(400, "ids: a list of integers (job ids)")
         if len(ids_in) > BULK_LIMIT:
             raise ApiError(400, f"ids: at most {BULK_LIMIT}")
         ids = list(ids_in)

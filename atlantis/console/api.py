@@ -23,6 +23,7 @@ from atlantis.console.actions import do_action as do_action
 from atlantis.console.actions import do_bulk as do_bulk
 from atlantis.console.actions import handle as handle
 from atlantis.console.auth import Principal
+from atlantis.console.common import INT_MAX
 from atlantis.console.common import KEEPALIVE as KEEPALIVE
 from atlantis.console.common import PAGE_LIMIT as PAGE_LIMIT
 from atlantis.console.common import ApiError as ApiError
@@ -36,6 +37,7 @@ from atlantis.console.common import json as json
 from atlantis.console.common import require_read as require_read
 from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
+from atlantis.console.common import text_param as text_param
 from atlantis.console.data import dumps, job_doc
 from atlantis.console.events import Broker, log_doc
 from atlantis.store import admin
@@ -101,7 +103,7 @@ def read_logs(conn: psycopg.Connection[Any], job_id: int, attempt: int | None,
 async def logs(request: Request) -> Response:
     require_read(request)
     job_id = _job_id(request)
-    attempt = _int(request.query_params.get("attempt"), "attempt", low=1)
+    attempt = _int(request.query_params.get("attempt"), "attempt", low=1, maximum=INT_MAX)
     after = _int(request.query_params.get("after"), "after", default=0, low=0)
     limit = _int(request.query_params.get("limit"), "limit", default=200, low=1, high=5000)
     assert after is not None and limit is not None
@@ -221,6 +223,8 @@ async def bulk(request: Request) -> Response:
 async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
                      reason: str | None) -> dict[str, Any]:
     by = _by(who)
+    if not text_param(queue, "queue"):
+        raise ApiError(400, "queue: missing")
 
     def run(conn: psycopg.Connection[Any]) -> bool:
         if paused:
@@ -238,8 +242,8 @@ async def pause(request: Request) -> Response:
     who = require_write(request)
     body = await _body(request)
     reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise ApiError(400, "reason: a string")
+    if reason is not None:
+        text_param(reason, "reason")
     return json(await set_paused(request, who, request.path_params["name"], True, reason))
 
 
@@ -288,7 +292,7 @@ async def schedules(request: Request) -> Response:
 @handle
 async def dlq(request: Request) -> Response:
     require_read(request)
-    queue = request.query_params.get("queue") or None
+    queue = text_param(request.query_params.get("queue"), "queue") or None
     groups = await db_of(request).run(lambda conn: store.dlq_groups(conn, queue=queue))
     return json({"groups": [admin.as_dict(g) for g in groups]})
 
@@ -316,8 +320,10 @@ routes = [
     Route("/jobs/{job_id}/retry", retry, methods=["POST"]),
     Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
     Route("/queues", queues, methods=["GET"]),
-    Route("/queues/{name}/pause", pause, methods=["POST"]),
-    Route("/queues/{name}/resume", resume, methods=["POST"]),
+    # Any queue name, "/" included: percent-encoded in the path ("reports%2Fdaily"), which
+    # the server decodes before routing, so the name runs up to the last "/pause".
+    Route("/queues/{name:path}/pause", pause, methods=["POST"]),
+    Route("/queues/{name:path}/resume", resume, methods=["POST"]),
     Route("/workers", workers, methods=["GET"]),
     Route("/schedules", schedules, methods=["GET"]),
     Route("/dlq", dlq, methods=["GET"]),

@@ -21,6 +21,9 @@ BULK_LIMIT = 10_000
 PAGE_LIMIT = 500
 #: How long an event stream may stay silent before a comment keeps it open.
 KEEPALIVE = 15.0
+#: The range of ids (bigint) and of attempt numbers (int) in the database.
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
 
 
 class ApiError(Exception):
@@ -65,7 +68,9 @@ def parse_args_filter(raw: str | None, hidden: frozenset[str]) -> dict[str, Any]
     A value that reads as JSON (``5``, ``true``, ``"5"``, ``{...}``) is taken as such,
     anything else as a string. Keys hidden by ``--args-redact`` cannot be filtered on.
     """
-    raw = (raw or "").strip()
+    if raw is not None and not isinstance(raw, str):
+        raise ApiError(400, "args: expected key:value[,key:value...] or a JSON object")
+    raw = text_param(raw, "args").strip()
     if not raw:
         return None
     found: Any
@@ -101,7 +106,10 @@ def _keys(value: Any) -> list[str]:
 
 
 def _int(raw: str | None, name: str, *, default: int | None = None,
-         low: int | None = None, high: int | None = None) -> int | None:
+         low: int | None = None, high: int | None = None,
+         maximum: int = BIGINT_MAX) -> int | None:
+    """An integer parameter: ``high`` caps it (a limit), ``low`` and ``maximum`` (the
+    database column's range) refuse it."""
     if raw is None or raw == "":
         return default
     try:
@@ -112,24 +120,55 @@ def _int(raw: str | None, name: str, *, default: int | None = None,
         raise ApiError(400, f"{name}: at least {low}")
     if high is not None and value > high:
         value = high
+    if not -maximum - 1 <= value <= maximum:
+        raise ApiError(400, f"{name}: out of range (at most {maximum})")
     return value
 
 
+def text_param(value: Any, name: str) -> str:
+    """A text parameter: a string PostgreSQL can store (no NUL character)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ApiError(400, f"{name}: a string")
+    if "\x00" in value:
+        raise ApiError(400, f"{name}: contains a NUL character (\\u0000), which PostgreSQL "
+                            "cannot store")
+    return value
+
+
+def _no_nul(value: Any, name: str) -> None:
+    """Refuse a NUL character anywhere in a JSON value (keys included)."""
+    if isinstance(value, str):
+        text_param(value, name)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            text_param(k, name)
+            _no_nul(v, name)
+    elif isinstance(value, list):
+        for v in value:
+            _no_nul(v, name)
+
+
 def job_filter(params: Any, hidden: frozenset[str]) -> store.JobFilter:
-    state = params.get("state") or None
+    state = text_param(params.get("state"), "state") or None
     if state is not None and state not in admin.STATES:
         raise ApiError(400, f"state: one of {', '.join(admin.STATES)}")
-    return store.JobFilter(state=state, queue=params.get("queue") or None,
-                           job=params.get("job") or None,
-                           args=parse_args_filter(params.get("args"), hidden))
+    args = parse_args_filter(params.get("args"), hidden)
+    _no_nul(args, "args")
+    return store.JobFilter(state=state, queue=text_param(params.get("queue"), "queue") or None,
+                           job=text_param(params.get("job"), "job") or None, args=args)
 
 
 def _job_id(request: Request) -> int:
     raw = request.path_params["job_id"]
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ApiError(404, f"no job with id {raw}") from None
+    if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
+        raise ApiError(404, f"no job with id {raw}")
+    return value
 
 
 # -- access -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import orjson
 import psycopg
@@ -108,6 +108,9 @@ def page(fn: Any) -> Any:
         except psycopg.OperationalError as exc:
             return render(request, "error.html", 503, who=who,
                           message=f"database unavailable: {type(exc).__name__}")
+        except psycopg.DataError as exc:
+            return render(request, "error.html", 400, who=who,
+                          message=f"bad parameter: {exc.diag.message_primary or exc}")
 
     wrapper.__name__ = fn.__name__
     return wrapper
@@ -175,7 +178,7 @@ async def job(request: Request, who: Principal) -> Response:
 
 @page
 async def dlq(request: Request, who: Principal) -> Response:
-    queue = request.query_params.get("queue") or None
+    queue = api.text_param(request.query_params.get("queue"), "queue") or None
     groups = await db_of(request).run(lambda conn: store.dlq_groups(conn, queue=queue))
     return render(request, "dlq.html", who=who, groups=groups, queue=queue or "")
 
@@ -229,13 +232,24 @@ async def job_action(request: Request, who: Principal) -> Response:
 
 @page
 async def queue_action(request: Request, who: Principal) -> Response:
+    """``POST /queues/pause|resume`` with the queue in the form field ``queue``
+    (percent-encoded: any name, whatever a browser does to paths and line breaks), or the
+    older ``POST /queues/{name}/pause|resume``."""
     form = await _form(request)
     writer = api.require_write(request, form.get(CSRF_FIELD, ""))
     action = request.path_params["action"]
     if action not in ("pause", "resume"):
         raise ApiError(404, "no such action")
-    await api.set_paused(request, writer, request.path_params["name"], action == "pause",
-                         form.get("reason") or None)
+    if "name" in request.path_params:
+        queue = request.path_params["name"]
+    elif form.get("queue"):
+        try:
+            queue = unquote(form["queue"], errors="strict")
+        except UnicodeDecodeError:
+            raise ApiError(400, "queue: not percent-encoded UTF-8") from None
+    else:
+        raise ApiError(400, "queue: missing")
+    await api.set_paused(request, writer, queue, action == "pause", form.get("reason") or None)
     return RedirectResponse(_back("/queues", form), 303)
 
 
@@ -304,7 +318,8 @@ routes = [
     Route("/jobs/{job_id}/{action}", job_action, methods=["POST"]),
     Route("/dlq", dlq),
     Route("/queues", queues),
-    Route("/queues/{name}/{action}", queue_action, methods=["POST"]),
+    Route("/queues/{action}", queue_action, methods=["POST"]),
+    Route("/queues/{name:path}/{action}", queue_action, methods=["POST"]),
     Route("/workers", workers),
     Route("/schedules", schedules),
     Route("/audit", audit),

@@ -65,3 +65,11 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 def loopback(host: str) -> bool:
     return host in LOOPBACK_NAMES or host.startswith("127.")
+
+
+def loopback_hosts(bound: str) -> tuple[str, ...]:
+    """The ``Host`` headers a console bound to the loopback address ``bound`` accepts: the
+    loopback names and ``bound`` itself (``127.0.0.2`` is reached as ``127.0.0.2``). Names
+    that any DNS could point here are still refused, against DNS rebinding."""
+    extra = (bound, f"[{bound}]") if ":" in bound else (bound,)
+    return LOOPBACK_NAMES + tuple(h for h in extra if h not in LOOPBACK_NAMES)

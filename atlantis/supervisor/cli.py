@@ -37,6 +37,7 @@ from atlantis.store.database import (
     resolve_url,
 )
 from atlantis.supervisor import logs
+from atlantis.supervisor.metrics import MetricsUnavailable
 from atlantis.supervisor.settings import from_options
 from atlantis.supervisor.settings import options as settings_options
 from atlantis.supervisor.supervisor import Supervisor
@@ -111,7 +112,11 @@ def main(**values: Any) -> None:
     except psycopg.Error as exc:
         _fail(f"cannot prepare the database: {_first_line(exc, url)}")
     settings = replace(settings, database_url=url)
-    code = asyncio.run(Supervisor(settings, registry, early_signals=early).run())
+    try:
+        code = asyncio.run(Supervisor(settings, registry, early_signals=early).run())
+    except MetricsUnavailable as exc:  # before any child started or any row was claimed
+        _fail(str(exc))
+        return
     logging.shutdown()
     sys.exit(code)
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class MetricsUnavailable(Exception):  # noqa: N818 - a configuration problem, not a bug
+    """``--metrics-port``/``--metrics-host`` cannot be listened on: a usage error (exit 2)."""
 
 
 class Metrics:
@@ -67,4 +72,13 @@ class Metrics:
             histogram.observe(seconds)
 
     def serve(self, port: int, host: str) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        """Listen on ``host:port``; :class:`MetricsUnavailable` (one line) if it cannot."""
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except socket.gaierror as exc:
+            raise MetricsUnavailable(
+                f"--metrics-host {host}: cannot resolve it: {exc.strerror or exc}") from None
+        except (OSError, OverflowError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise MetricsUnavailable(
+                f"--metrics-port {port}: cannot listen on {host}:{port}: {why}") from None
