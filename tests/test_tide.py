@@ -253,8 +253,9 @@ def test_status_of_a_running_job_shows_rate_eta_holder_and_timeline(
     assert "page=30 contacts=3000  (" in text
     assert "rate       3.0%/min  ETA 2" in text  # 70% left at 3%/min: 23m20s
     assert "holder     web-1 pid 4321  (web-1:4321:feedf00d)" in text
-    # The lease was renewed "just now" with a 3 s heartbeat: a slow tide may see it expired.
-    assert ("lease      expires in " in text or "lease      expired " in text) \
+    # The lease was renewed "just now" with a 3 s heartbeat: a slow tide may see it about to
+    # expire ("expires just now") or expired.
+    assert ("lease      expires " in text or "lease      expired " in text) \
         and ", renewed " in text
     assert "checkpoint " in text and " ago; stalled after 9s" in text
     assert "attempts   #1  started 1h ago, ran 10m  failed (exception)  web-2 pid 99 child 100" \
