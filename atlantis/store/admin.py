@@ -158,7 +158,9 @@ class QueueStats:
     """One queue: counts by state (``due``: available and due now; ``stalled``: running
     past the stall threshold), the oldest due job's wait, completions in the last minute and
     hour, whether an operator paused it, whether a declaration names it, how many live
-    supervisors serve it, and ``unserved``: jobs are due and no live supervisor serves it."""
+    supervisors serve it, ``unserved_jobs``: the job types of due jobs that no live supervisor
+    of the queue handles (see queue_stats in admin.sql), and ``unserved``: jobs are due and no
+    live supervisor serves the queue, or some of them are of such a type."""
 
     queue: str
     available: int
@@ -179,12 +181,15 @@ class QueueStats:
     supervisors: int
     unserved: bool
     approximate: list[str]
+    unserved_jobs: list[str]
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
     """A live supervisor (its registration has not expired); ``jobs`` are its in-flight
-    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes)."""
+    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes);
+    ``job_types`` the jobs it claims (None: a supervisor of an earlier release, which did not
+    say)."""
 
     id: str
     host: str
@@ -194,6 +199,7 @@ class WorkerRow:
     in_flight: int
     status: str
     jobs: list[dict[str, Any]]
+    job_types: list[str] | None
     started_at: datetime
     seen_at: datetime
     expires_at: datetime
