@@ -12,8 +12,10 @@ to stderr, which is discarded (the children print it again when they import the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -58,25 +60,30 @@ async def load(app: str, env: dict[str, str], timeout: float = LOAD_TIMEOUT) -> 
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AppLoadError(f"--app {app}: importing it took longer than {timeout:g}s") from None
+        await _kill(proc)
+        raise AppLoadError(f"--app {app!r}: importing it took longer than {timeout:g}s") from None
     except asyncio.CancelledError:
-        proc.kill()
-        await proc.wait()
+        await _kill(proc)
         raise
     try:
         doc = orjson.loads(out)
     except orjson.JSONDecodeError:
-        raise AppLoadError(f"--app {app}: the process importing it exited with code "
+        raise AppLoadError(f"--app {app!r}: the process importing it exited with code "
                          f"{proc.returncode} and said nothing") from None
     if proc.returncode != 0 or "error" in doc:
         raise AppLoadError(str(doc.get("error") or f"exit code {proc.returncode}"))
     try:
         return LoadedApp([decl_from_dict(d) for d in doc["decls"]], sorted(doc["jobs"]))
     except (KeyError, TypeError, ValueError) as exc:
-        raise AppLoadError(f"--app {app}: unreadable answer from the process importing it: "
+        raise AppLoadError(f"--app {app!r}: unreadable answer from the process importing it: "
                          f"{exc}") from None
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill the importing process and whatever it started (its own session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         registry = load_app(args[0])
         if not registry.registrations:
-            raise AppLoadError(f"--app {args[0]}: no handler is registered")
+            raise AppLoadError(f"--app {args[0]!r}: no handler is registered")
         doc: dict[str, Any] = {"decls": [decl_to_dict(d) for d in registry.decls.values()],
                                "jobs": sorted(registry.registrations)}
         code = 0
