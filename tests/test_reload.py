@@ -21,6 +21,8 @@ import psutil
 import psycopg
 
 import atlantis
+from atlantis.declarations import parse_atl_file
+from atlantis.store import admin, sync
 from tests.conftest import BIN, ROOT, wait_for, wait_state
 
 QUEUE = "reload"
@@ -177,31 +179,30 @@ def test_waiting_jobs_of_a_type_no_live_supervisor_handles_are_flagged(
         tmp_path: Path) -> None:
     # The app declares both, but this supervisor has a handler for One only.
     write_app(tmp_path, declared=("One", "Two"), handled=("One",))
-    subprocess.run([str(BIN / "tide"), "--database-url", db_url, "db", "sync", "--app", APP],
-                   check=True, capture_output=True, timeout=60, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    sync(db, [d for atl in sorted((tmp_path / "reloadapp").glob("*.atl"))
+              for d in parse_atl_file(atl)])  # as `tide db sync` does
     sup = start(db, supervise, tmp_path)
     result(db, atlantis.enqueue(db, "reload.One", {"key": "a"}))
-    wait_for(lambda: served(db, sup.pid) == ["reload.One"], message="the worker row")
     stuck = atlantis.enqueue(db, "reload.Two", {"key": "b"})
 
-    def tide(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
-                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+    # The three commands at once (each starts an interpreter).
+    runs = [subprocess.Popen([str(BIN / "tide"), "--database-url", db_url, *args], text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+            for args in (["queue", "stats", "--json"], ["queue", "stats"],
+                         ["db", "doctor", "--json"])]
+    (stats_json, _), (stats_text, _), (doctor_json, _) = (p.communicate(timeout=60) for p in runs)
 
-    stats = {q["queue"]: q for q in orjson.loads(tide("queue", "stats", "--json").stdout)}
+    stats = {q["queue"]: q for q in orjson.loads(stats_json)}
     assert stats[QUEUE]["supervisors"] == 1 and stats[QUEUE]["unserved"] is True
     assert stats[QUEUE]["unserved_jobs"] == ["reload.Two"]
-    line = next(x for x in tide("queue", "stats").stdout.splitlines() if x.startswith(QUEUE))
+    line = next(x for x in stats_text.splitlines() if x.startswith(QUEUE))
     assert "no live supervisor handles reload.Two" in line
 
-    done = tide("db", "doctor", "--json")
-    doc = orjson.loads(done.stdout)
-    assert done.returncode == 1 and "unserved_jobs" in doc["problems"], doc
+    doc = orjson.loads(doctor_json)
+    assert runs[2].returncode == 1 and "unserved_jobs" in doc["problems"], doc
     [item] = doc["checks"]["unserved_jobs"]["items"]
     assert (item["queue"], item["job"], item["waiting"]) == (QUEUE, "reload.Two", 1)
     assert doc["checks"]["unserved_queues"]["ok"]  # the queue itself is served
-    assert "PROBLEM unserved_jobs" in tide("db", "doctor").stdout
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # newer Starlette prefers the httpx2 fork
@@ -221,5 +222,5 @@ def test_waiting_jobs_of_a_type_no_live_supervisor_handles_are_flagged(
     write_app(tmp_path, declared=("One", "Two"), handled=("One", "Two"), version=2)
     sup.signal(signal.SIGHUP)
     assert result(db, stuck)["version"] == 2
-    stats = {q["queue"]: q for q in orjson.loads(tide("queue", "stats", "--json").stdout)}
-    assert not stats[QUEUE]["unserved"] and stats[QUEUE]["unserved_jobs"] == []
+    [after] = [q for q in admin.queue_stats(db) if q.queue == QUEUE]
+    assert not after.unserved and after.unserved_jobs == []
