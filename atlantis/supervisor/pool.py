@@ -100,7 +100,7 @@ class Pool:
             removed = sorted(set(self._served) - set(served))
             self._served = served
             if added or removed:
-                log.info("now claiming %d job types%s%s", len(served),
+                log.info("now claiming jobs of %d types%s%s", len(served),
                          f"; added {', '.join(added)}" if added else "",
                          f"; removed {', '.join(removed)}" if removed else "")
             self.on_served_change()

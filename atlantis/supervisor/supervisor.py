@@ -187,7 +187,7 @@ class Supervisor:
             return
         added = sorted(set(app.jobs) - set(self.jobs))
         removed = sorted(set(self.jobs) - set(app.jobs))
-        log.info("SIGHUP: app loaded, %d declarations synced, %d jobs with a handler%s%s",
+        log.info("SIGHUP: app loaded, declarations synced (%d), jobs with a handler (%d)%s%s",
                  len(app.decls), len(app.jobs),
                  f" (new: {', '.join(added)})" if added else "",
                  f" (removed: {', '.join(removed)})" if removed else "")
