@@ -355,12 +355,18 @@ def latest_log_attempt(conn: Conn, job_id: int) -> int | None:
 
 #: Counts by queue and state are exact up to this many rows; above, the planner's estimate.
 COUNT_CAP = 10_000
+#: ``unserved_jobs`` looks at this many due jobs per queue, the first in claim order.
+UNSERVED_SAMPLE = 1_000
 
 
-def queue_stats(conn: Conn, *, cap: int = COUNT_CAP) -> list[QueueStats]:
+def queue_stats(conn: Conn, *, cap: int = COUNT_CAP,
+                sample: int = UNSERVED_SAMPLE) -> list[QueueStats]:
     """Every queue anything names (declared ones even when empty), by name. A count above
-    ``cap`` is the planner's estimate, and its state is listed in ``approximate``."""
-    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap})
+    ``cap`` is the planner's estimate, and its state is listed in ``approximate``. The job
+    types in ``unserved_jobs`` are those among the first ``sample`` due jobs of the queue,
+    in claim order, that no live supervisor of the queue handles: a job nobody claims stays
+    at the head of that order while the others are claimed."""
+    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap, "sample": sample})
 
 
 def list_workers(conn: Conn) -> list[WorkerRow]:

@@ -71,8 +71,8 @@ SELECT attempt FROM atlantis.logs WHERE job_id = %(job_id)s ORDER BY id DESC LIM
 -- jobs that no live supervisor of the queue handles (a supervisor's `job_types`, migration
 -- 0014; NULL, from an earlier release: every job), and `unserved`: due jobs wait and no live
 -- supervisor serves the queue, or some of them are of such a type. `unserved_jobs` looks at
--- the first `cap` due jobs in claim order (jobs_fetch_idx): rows nobody claims stay at the
--- head of that order while the others are claimed. Counts come from atlantis.queue_counts: exact up to
+-- the first `sample` due jobs in claim order (jobs_fetch_idx): rows nobody claims stay at
+-- the head of that order while the others are claimed. Counts come from atlantis.queue_counts: exact up to
 -- `cap` rows per queue and state, the planner's estimate beyond (listed in `approximate`),
 -- so this stays cheap on millions of rows. Completions are counted over the last hour's
 -- rows only (jobs_finished_idx).
@@ -135,7 +135,7 @@ SELECT n.name AS queue,
               FROM (SELECT j.job FROM atlantis.jobs j
                      WHERE j.state = 'available' AND j.queue = n.name AND j.run_at <= now()
                      ORDER BY j.priority, j.run_at, j.id
-                     LIMIT %(cap)s) h
+                     LIMIT %(sample)s) h
              WHERE NOT EXISTS (SELECT 1 FROM live
                                 WHERE n.name = ANY(live.queues)
                                   AND (live.job_types IS NULL OR h.job = ANY(live.job_types)))
