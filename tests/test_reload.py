@@ -34,7 +34,7 @@ job {name} in reload {{
   retries   0
   timeout   30s
   heartbeat 3s
-  queue     "reload"
+  queue     "reload"{schedule}
 }}
 """
 
@@ -49,7 +49,7 @@ registry = atlantis.Registry.from_atl({atls})
 HANDLER = """
 @registry.handler("reload.{name}")
 def handle_{name}(ctx, args):
-    record(ctx, args.key, "v{version}")
+    record(ctx, args.key or "tick", "v{version}")
 """
 
 
@@ -62,7 +62,8 @@ def write_app(root: Path, *, declared: tuple[str, ...], handled: tuple[str, ...]
     for atl in pkg.glob("*.atl"):
         atl.unlink()
     for name in declared:
-        (pkg / f"{name.lower()}.atl").write_text(ATL.format(name=name))
+        every_second = '\n  schedule "* * * * * *"' if name == "Tick" else ""
+        (pkg / f"{name.lower()}.atl").write_text(ATL.format(name=name, schedule=every_second))
     atls = ", ".join(repr(f"{n.lower()}.atl") for n in declared)
     if broken == "atl":
         (pkg / "zz_bad.atl").write_text("job Oops in reload {\n  retries lots\n}\n")
@@ -120,17 +121,21 @@ def test_sighup_claims_new_job_types_and_stops_claiming_removed_ones(
     assert first["version"] == 1
     assert not declared(db, "reload.Two")
 
-    # A new job type: no `tide db sync` here, the reload stores the declaration itself.
-    write_app(tmp_path, declared=("One", "Two"), handled=("One", "Two"), version=2)
+    # New job types: no `tide db sync` here, the reload stores the declarations itself;
+    # Tick has a schedule (every second), which the scheduler now follows.
+    write_app(tmp_path, declared=("One", "Two", "Tick"), handled=("One", "Two", "Tick"),
+              version=2)
     sup.signal(signal.SIGHUP)
     wait_for(lambda: declared(db, "reload.Two"), message="the reload to sync reload.Two")
     two = atlantis.enqueue(db, "reload.Two", {"key": "b"})
     assert result(db, two)["version"] == 2
-    wait_for(lambda: served(db, sup.pid) == ["reload.One", "reload.Two"],
-             message="the worker row to list both job types")
+    wait_for(lambda: served(db, sup.pid) == ["reload.One", "reload.Tick", "reload.Two"],
+             message="the worker row to list the new job types")
+    wait_for(lambda: db.execute("SELECT count(*) FROM test_events WHERE key = 'tick'"
+                                ).fetchone() != (0,), message="a scheduled Tick to run")
 
     # A job type removed from the app (its declaration stays): no longer claimed.
-    write_app(tmp_path, declared=("One", "Two"), handled=("Two",), version=3)
+    write_app(tmp_path, declared=("One", "Two", "Tick"), handled=("Two",), version=3)
     sup.signal(signal.SIGHUP)
     wait_for(lambda: served(db, sup.pid) == ["reload.Two"],
              message="the worker row to list only reload.Two")
