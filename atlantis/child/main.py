@@ -90,7 +90,8 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | N
     os.environ[TREE_VARIABLE] = tree
     watchdog = Watchdog(control_fd, lease_fd)
     watchdog.start()
-    channel.send(Ready(pid=os.getpid(), tree=tree))
+    # The jobs it can run: the supervisor hands it no other (a reload may add or remove some).
+    channel.send(Ready(pid=os.getpid(), tree=tree, jobs="\n".join(sorted(registry.registrations))))
     # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
     signal.signal(signal.SIGTERM, term.handler)
     while True:

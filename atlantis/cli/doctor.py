@@ -3,7 +3,7 @@
 ``tide`` adds the command to its ``db`` group with ``db.add_command(doctor)``. It only reads:
 the server version, bloat and dead tuples of ``atlantis.jobs``, transactions that hold back
 vacuum, running rows past their lease, queues and declarations no live supervisor serves,
-and missed schedule slots (:mod:`atlantis.store.doctor`). Exit 0 when every check passes, 1
+waiting jobs of a type no live supervisor of their queue handles, and missed schedule slots (:mod:`atlantis.store.doctor`). Exit 0 when every check passes, 1
 when one found a problem (and, as for every tide command, for a database that cannot be
 reached or a missing schema); ``--json`` prints one document either way.
 """
@@ -30,7 +30,7 @@ from atlantis.units import format_duration
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
            missed_within: str) -> None:
-    """Check the database: bloat, old transactions, expired leases, unserved queues."""
+    """Check the database: bloat, old transactions, expired leases, unserved queues and jobs."""
     from atlantis.cli.common import _connect, _dump, _duration
     from atlantis.cli.render import safe
 

@@ -354,8 +354,11 @@ def queue_table(queues: Sequence[QueueStats]) -> None:
         if q.paused:
             why = f": {q.paused_reason}" if q.paused_reason else ""
             notes.append((f"paused{why} (by {q.paused_by or '?'})", "yellow"))
-        if q.unserved:
+        if q.unserved and not q.supervisors:
             notes.append(("no live supervisor serves it", STALLED_STYLE))
+        if q.unserved_jobs and q.supervisors:
+            notes.append((f"no live supervisor handles {', '.join(q.unserved_jobs)}",
+                           STALLED_STYLE))
         if not q.declared:
             notes.append(("no declaration names it", None))
         status = Text("; ").join(styled(t, s) for t, s in notes) if notes else Text("ok")

@@ -14,7 +14,8 @@ supervisor -> child (control pipe)
   Cancel     ctx.cancelled becomes true (an operator cancelled the job)
   Stopping   ctx.stopping becomes true (the supervisor drains; not a cancel)
 child -> supervisor (events pipe)
-  Ready      the app is imported; ``tree`` is the ATLANTIS_TREE mark its descendants carry
+  Ready      the app is imported; ``tree`` is the ATLANTIS_TREE mark its descendants carry,
+             ``jobs`` the jobs it has a handler for (the supervisor hands it only those)
   Fatal      the app could not be loaded; the child exits
   Checkpoint progress; ``pct`` None stands for NaN
   Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``
@@ -96,6 +97,8 @@ class Stopping:
 class Ready:
     pid: int
     tree: str
+    jobs: str | None = None
+    """The jobs the child has a handler for, one name a line (None: not said)."""
     t: Literal["ready"] = "ready"
 
 

@@ -158,7 +158,9 @@ class QueueStats:
     """One queue: counts by state (``due``: available and due now; ``stalled``: running
     past the stall threshold), the oldest due job's wait, completions in the last minute and
     hour, whether an operator paused it, whether a declaration names it, how many live
-    supervisors serve it, and ``unserved``: jobs are due and no live supervisor serves it."""
+    supervisors serve it, ``unserved_jobs``: the job types of due jobs that no live supervisor
+    of the queue handles (see queue_stats in admin.sql), and ``unserved``: jobs are due and no
+    live supervisor serves the queue, or some of them are of such a type."""
 
     queue: str
     available: int
@@ -179,12 +181,15 @@ class QueueStats:
     supervisors: int
     unserved: bool
     approximate: list[str]
+    unserved_jobs: list[str]
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
     """A live supervisor (its registration has not expired); ``jobs`` are its in-flight
-    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes)."""
+    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes);
+    ``job_types`` the jobs it claims (None: a supervisor of an earlier release, which did not
+    say)."""
 
     id: str
     host: str
@@ -194,6 +199,7 @@ class WorkerRow:
     in_flight: int
     status: str
     jobs: list[dict[str, Any]]
+    job_types: list[str] | None
     started_at: datetime
     seen_at: datetime
     expires_at: datetime
@@ -349,12 +355,18 @@ def latest_log_attempt(conn: Conn, job_id: int) -> int | None:
 
 #: Counts by queue and state are exact up to this many rows; above, the planner's estimate.
 COUNT_CAP = 10_000
+#: ``unserved_jobs`` looks at this many due jobs per queue, the first in claim order.
+UNSERVED_SAMPLE = 1_000
 
 
-def queue_stats(conn: Conn, *, cap: int = COUNT_CAP) -> list[QueueStats]:
+def queue_stats(conn: Conn, *, cap: int = COUNT_CAP,
+                sample: int = UNSERVED_SAMPLE) -> list[QueueStats]:
     """Every queue anything names (declared ones even when empty), by name. A count above
-    ``cap`` is the planner's estimate, and its state is listed in ``approximate``."""
-    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap})
+    ``cap`` is the planner's estimate, and its state is listed in ``approximate``. The job
+    types in ``unserved_jobs`` are those among the first ``sample`` due jobs of the queue,
+    in claim order, that no live supervisor of the queue handles: a job nobody claims stays
+    at the head of that order while the others are claimed."""
+    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap, "sample": sample})
 
 
 def list_workers(conn: Conn) -> list[WorkerRow]:

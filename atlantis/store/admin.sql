@@ -10,8 +10,8 @@
 SELECT max(version) AS version FROM atlantis.schema_migrations
 
 -- name: worker_list
-SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, started_at, seen_at,
-       expires_at, now() AS db_now
+SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, job_types, started_at,
+       seen_at, expires_at, now() AS db_now
   FROM atlantis.workers WHERE expires_at > now() ORDER BY started_at
 
 -- name: job_get
@@ -67,13 +67,17 @@ SELECT attempt FROM atlantis.logs WHERE job_id = %(job_id)s ORDER BY id DESC LIM
 
 -- name: queue_stats
 -- Every queue anything names (declarations, jobs, an operator's pause, a live supervisor),
--- with its counts by state, pause, live supervisors, and `unserved`: due jobs wait and no
--- live supervisor serves the queue. Counts come from atlantis.queue_counts: exact up to
+-- with its counts by state, pause, live supervisors, `unserved_jobs`: the job types of due
+-- jobs that no live supervisor of the queue handles (a supervisor's `job_types`, migration
+-- 0014; NULL, from an earlier release: every job), and `unserved`: due jobs wait and no live
+-- supervisor serves the queue, or some of them are of such a type. `unserved_jobs` looks at
+-- the first `sample` due jobs in claim order (jobs_fetch_idx): rows nobody claims stay at
+-- the head of that order while the others are claimed. Counts come from atlantis.queue_counts: exact up to
 -- `cap` rows per queue and state, the planner's estimate beyond (listed in `approximate`),
 -- so this stays cheap on millions of rows. Completions are counted over the last hour's
 -- rows only (jobs_finished_idx).
 WITH live AS (
-    SELECT queues FROM atlantis.workers WHERE expires_at > now()
+    SELECT queues, job_types FROM atlantis.workers WHERE expires_at > now()
 ), counts AS (
     SELECT c.queue,
            max(c.n) FILTER (WHERE c.state = 'available') AS available,
@@ -118,11 +122,25 @@ SELECT n.name AS queue,
        q.changed_by AS paused_by, q.changed_at AS paused_at,
        EXISTS (SELECT 1 FROM atlantis.job_types t WHERE t.queue = n.name) AS declared,
        (SELECT count(*) FROM live WHERE n.name = ANY(live.queues)) AS supervisors,
-       coalesce(c.due, 0) > 0 AND NOT EXISTS (SELECT 1 FROM live WHERE n.name = ANY(live.queues))
-           AS unserved,
-       coalesce(c.approximate, '{}') AS approximate
+       coalesce(c.due, 0) > 0
+           AND (NOT EXISTS (SELECT 1 FROM live WHERE n.name = ANY(live.queues))
+                OR cardinality(u.jobs) > 0) AS unserved,
+       coalesce(c.approximate, '{}') AS approximate,
+       u.jobs AS unserved_jobs
   FROM names n
   LEFT JOIN counts c ON c.queue = n.name
+  CROSS JOIN LATERAL (
+        SELECT CASE WHEN coalesce(c.due, 0) = 0 THEN '{}'::text[] ELSE ARRAY(
+            SELECT DISTINCT h.job
+              FROM (SELECT j.job FROM atlantis.jobs j
+                     WHERE j.state = 'available' AND j.queue = n.name AND j.run_at <= now()
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT %(sample)s) h
+             WHERE NOT EXISTS (SELECT 1 FROM live
+                                WHERE n.name = ANY(live.queues)
+                                  AND (live.job_types IS NULL OR h.job = ANY(live.job_types)))
+             ORDER BY h.job) END AS jobs
+       ) u
   LEFT JOIN stalled s ON s.queue = n.name
   LEFT JOIN recent r ON r.queue = n.name
   LEFT JOIN atlantis.queues q ON q.name = n.name

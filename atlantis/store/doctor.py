@@ -109,6 +109,7 @@ def diagnose(conn: Conn, *, xact_age: float = XACT_AGE, lease_grace: float = LEA
         _old_transactions(conn, xact_age),
         _expired_leases(conn, lease_grace, limit),
         _unserved_queues(conn),
+        _unserved_jobs(conn),
         _unserved_declarations(conn, limit),
         _missed_slots(conn, missed_within),
     ])
@@ -212,6 +213,17 @@ def _unserved_queues(conn: Conn) -> Check:
         return Check("unserved_queues", True, "every queue with waiting jobs has a live supervisor")
     names = ", ".join(f"{r['queue']} ({r['waiting']} waiting)" for r in rows)
     return Check("unserved_queues", False, f"no live supervisor serves {names}", rows)
+
+
+def _unserved_jobs(conn: Conn) -> Check:
+    rows = _rows(conn, Q.doctor_unserved_jobs)
+    if not rows:
+        return Check("unserved_jobs", True,
+                     "every waiting job's type is handled by a live supervisor of its queue")
+    names = ", ".join(f"{r['job']} on {r['queue']} ({r['waiting']} waiting)" for r in rows)
+    return Check("unserved_jobs", False,
+                 f"no live supervisor handles {names}: deploy the app's new code where that "
+                 "queue is served, then reload (SIGHUP) or restart those supervisors", rows)
 
 
 def _unserved_declarations(conn: Conn, limit: int) -> Check:

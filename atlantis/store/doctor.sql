@@ -96,6 +96,25 @@ SELECT j.queue, count(*) AS waiting, min(j.run_at) AS oldest,
  GROUP BY j.queue
  ORDER BY j.queue
 
+-- name: doctor_unserved_jobs
+-- Due jobs on a queue that live supervisors serve, of a type none of them handles (their
+-- `job_types`; NULL, a supervisor of an earlier release: every job): a job added to the app
+-- that no supervisor was restarted or reloaded for. Queues nobody serves at all are
+-- doctor_unserved_queues' rows.
+WITH live AS (
+    SELECT queues, job_types FROM atlantis.workers WHERE expires_at > now()
+)
+SELECT j.queue, j.job, count(*) AS waiting, min(j.run_at) AS oldest,
+       extract(epoch FROM now() - min(j.run_at))::float8 AS oldest_seconds
+  FROM atlantis.jobs j
+ WHERE j.state = 'available' AND j.run_at <= now()
+   AND EXISTS (SELECT 1 FROM live WHERE j.queue = ANY(live.queues))
+   AND NOT EXISTS (SELECT 1 FROM live
+                    WHERE j.queue = ANY(live.queues)
+                      AND (live.job_types IS NULL OR j.job = ANY(live.job_types)))
+ GROUP BY j.queue, j.job
+ ORDER BY j.queue, j.job
+
 -- name: doctor_unserved_declarations
 -- Declarations whose queue no live supervisor serves: their jobs would wait.
 WITH live AS (

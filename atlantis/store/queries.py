@@ -73,6 +73,7 @@ class Queries:
     doctor_old_transactions: LiteralString
     doctor_expired_leases: LiteralString
     doctor_unserved_queues: LiteralString
+    doctor_unserved_jobs: LiteralString
     doctor_unserved_declarations: LiteralString
     doctor_missed_slots: LiteralString
 

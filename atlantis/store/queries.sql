@@ -229,13 +229,14 @@ WITH expired AS MATERIALIZED (
 SELECT id, state, queue FROM done
 
 -- name: worker_upsert
+-- job_types: the jobs it claims (they change with a reload; migration 0014).
 INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,
-                              jobs)
+                              jobs, job_types)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(status)s,
-        now() + make_interval(secs => %(ttl)s), %(jobs)s)
+        now() + make_interval(secs => %(ttl)s), %(jobs)s, %(job_types)s)
 ON CONFLICT (id) DO UPDATE SET
     in_flight = excluded.in_flight, status = excluded.status, seen_at = now(),
-    expires_at = excluded.expires_at, jobs = excluded.jobs
+    expires_at = excluded.expires_at, jobs = excluded.jobs, job_types = excluded.job_types
 
 -- name: worker_delete
 DELETE FROM atlantis.workers WHERE id = %(id)s OR expires_at < now() - interval '1 hour'

@@ -84,6 +84,8 @@ class Child:
     state: str = "starting"  # starting, idle, busy, retiring, dead
     label: Label | None = None
     jobs_run: int = 0
+    jobs: frozenset[str] | None = None
+    """The jobs it has a handler for, as its Ready said (None until then)."""
     tree: str | None = None
     """The mark (``ATLANTIS_TREE``) in the environment of every process the child starts."""
     descendants: set[psutil.Process] = field(default_factory=set)
@@ -185,6 +187,8 @@ class Child:
             assert isinstance(msg, Ready | Fatal | Checkpoint | Done)  # EventReader's expect
             if isinstance(msg, Ready):
                 self.tree = msg.tree or None
+                if msg.jobs is not None:
+                    self.jobs = frozenset(j for j in msg.jobs.split("\n") if j)
             elif isinstance(msg, Done):
                 # The handler's last output was written before its result: log it while the
                 # attempt is still the child's, an unfinished last line included.

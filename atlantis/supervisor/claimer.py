@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 
 from atlantis.store.jobs import ClaimedRow, ReleasedRow
 from atlantis.store.queries import Q
@@ -51,12 +52,14 @@ def rows_ahead(s: Settings, typical: float | None) -> int:
 class Claimer(Service):
     name = "claimer"
 
-    def __init__(self, rt: Runtime, pool: Pool, completer: Completer, jobs: list[str]) -> None:
+    def __init__(self, rt: Runtime, pool: Pool, completer: Completer,
+                 jobs: Callable[[], list[str]]) -> None:
         super().__init__(rt)
         self.db = rt.db("claim")
         self.pool = pool
         self.completer = completer
         self.jobs = jobs
+        """The jobs to claim now (they change with a reload, see Pool.served)."""
         self._orphans_possible = False
         self._stale_at: int | None = None
         """``rt.attempts_ended`` when held rows last went stale: hold none until it moves."""
@@ -139,7 +142,7 @@ class Claimer(Service):
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
         rows = await self.db.fetch_rows(ClaimedRow, Q.claim, {
-            "queues": queues, "jobs": self.jobs, "limit": want,
+            "queues": queues, "jobs": self.jobs(), "limit": want,
             "worker": rt.worker_id,
         }, timeout=rt.settings.claim_timeout, transaction=True)
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at
@@ -162,10 +165,9 @@ class Claimer(Service):
                         "giving it back", row.id, format_duration(rt.now() - t0))
             self.completer.record(a, policy.RELEASE)
             return
-        if not rt.held and self.pool.idle():
-            rt.in_flight[row.id] = a
-            self.pool.assign(a)
-        else:  # every child is busy (or one died while we claimed): the next free one starts it
+        if rt.held or not self.pool.assign(a):
+            # Every child is busy (or one died while we claimed, or no idle one has its
+            # handler yet during a reload): the next free one that can run it starts it.
             rt.held.append(a)
 
     async def _release_orphans(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable, Iterable
 
 from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
 from atlantis.store.jobs import Progress
@@ -50,7 +51,8 @@ def child_environment(database_url: str, handler_database_url: str) -> dict[str,
 
 
 class Pool:
-    def __init__(self, rt: Runtime, completer: Completer, logs: AttemptLogs) -> None:
+    def __init__(self, rt: Runtime, completer: Completer, logs: AttemptLogs,
+                 jobs: Iterable[str] = ()) -> None:
         self.rt = rt
         self.completer = completer
         self.logs = logs
@@ -63,11 +65,60 @@ class Pool:
         self.zygote: Zygote | None = None
         self.old_zygotes: list[Zygote] = []
         self.fork_unsafe: str | None = None
+        self.configured = frozenset(jobs)
+        """The jobs of the app as last loaded (at start, or by the last successful reload)."""
+        self.on_served_change: Callable[[], None] = lambda: None
+        self._served: list[str] = sorted(self.configured)
 
     # ---- children -------------------------------------------------------------------------
 
     def idle(self) -> list[Child]:
         return [c for c in self.children if c.state == "idle"]
+
+    def served(self) -> list[str]:
+        """The jobs to claim: those of the newest generation that has a ready child.
+
+        Each child says in its Ready which jobs it has a handler for. After a reload, the
+        old children serve the old job set until a new one is ready; from then on only the
+        new set is claimed (the old children still run rows of it they have a handler for,
+        until they retire). Before any child is ready: the jobs of the app as loaded.
+        """
+        ready = [c for c in self.children if c.state in ("idle", "busy") and c.jobs is not None]
+        if not ready:
+            return sorted(self.configured)
+        newest = max(c.generation for c in ready)
+        jobs: set[str] = set()
+        for c in ready:
+            if c.generation == newest and c.jobs is not None:
+                jobs |= c.jobs
+        return sorted(jobs)
+
+    def _check_served(self) -> None:
+        served = self.served()
+        if served != self._served:
+            added = sorted(set(served) - set(self._served))
+            removed = sorted(set(self._served) - set(served))
+            self._served = served
+            if added or removed:
+                log.info("now claiming jobs of %d types%s%s", len(served),
+                         f"; added {', '.join(added)}" if added else "",
+                         f"; removed {', '.join(removed)}" if removed else "")
+            self.on_served_change()
+
+    @staticmethod
+    def runs(child: Child, job: str) -> bool:
+        """Whether ``child`` has a handler for ``job`` (a child that did not say: any)."""
+        return child.jobs is None or job in child.jobs
+
+    def _idle_for(self, job: str) -> Child | None:
+        """An idle child that can run ``job``, of the current generation if one is idle."""
+        best: Child | None = None
+        for c in self.children:
+            if c.state == "idle" and self.runs(c, job):
+                if c.generation == self.generation:
+                    return c
+                best = best or c
+        return best
 
     def ensure(self) -> None:
         """Start children until ``--concurrency`` of the current generation live."""
@@ -99,13 +150,16 @@ class Pool:
                 return
             self.children.add(child)
 
-    def reload(self) -> None:
+    def reload(self, jobs: Iterable[str] | None = None) -> None:
         """SIGHUP: replace every child with one that imports the app afresh, losing no job.
 
         Replacements start first; each old idle child retires when a new one is ready, and
         a busy one after its attempt. If the new code cannot be imported, the old children
-        go on serving while the replacements are retried with backoff.
+        go on serving while the replacements are retried with backoff. ``jobs``: the jobs
+        of the app as just loaded (the new children say theirs when ready).
         """
+        if jobs is not None:
+            self.configured = frozenset(jobs)
         self.generation += 1
         log.info("SIGHUP: replacing children (generation %d)", self.generation)
         for child in list(self.children):
@@ -162,6 +216,7 @@ class Pool:
         rt = self.rt
         stale = expired = 0
         now = rt.now()
+        kept: list[Attempt] = []
         while rt.held and not rt.draining:
             if not any(c.state == "idle" for c in self.children):
                 break
@@ -171,8 +226,9 @@ class Pool:
                 stale += 1
                 expired += policy.lease_lost(now, a.lease_end, a.heartbeat)
                 continue
-            rt.in_flight[a.job_id] = a
-            self.assign(a)
+            if not self.assign(a):  # no idle child has its handler (during a reload): wait
+                kept.append(a)
+        rt.held.extendleft(reversed(kept))
         if expired:
             log.warning("gave back %d rows claimed ahead instead of starting them: %d had "
                         "(nearly) outlived their leases, the supervisor was stalled", stale, expired)
@@ -181,10 +237,11 @@ class Pool:
                      "was free", stale)
 
     def assign(self, a: Attempt) -> bool:
-        """Start ``a`` in an idle child; False if none is idle."""
-        child = next((c for c in self.children if c.state == "idle"), None)
+        """Start ``a`` in an idle child that has its handler; False if none is idle."""
+        child = self._idle_for(a.row.job)
         if child is None:
             return False
+        self.rt.in_flight[a.job_id] = a
         child.state = "busy"
         child.label = Label(a.job_id, a.attempt, a.queue)
         child.output.begin(child.label)
@@ -251,6 +308,7 @@ class Pool:
                 if old is not None:
                     self.retire(old)
                 self.feed()
+            self._check_served()
             rt.wake.set()
             return
         if isinstance(msg, Fatal):
@@ -329,6 +387,7 @@ class Pool:
             if not z.watching:
                 z.close()
         self.ensure()
+        self._check_served()
         rt.wake.set()
         rt.changed.set()
 

@@ -69,6 +69,23 @@ class Scheduler(Service):
     def loops(self) -> list[Loop]:
         return [self._schedule_loop] if self.schedules else []
 
+    def update(self, decls: Iterable[JobDecl]) -> None:
+        """A reload: follow the schedules of the app as loaded now. A schedule kept keeps
+        the slots it handled; one whose declaration changed is worked out afresh."""
+        queues = set(self.rt.settings.queues)
+        wanted = {d.qualified_name: d for d in decls
+                  if d.schedule is not None and d.queue in queues}
+        for name in [n for n in self.schedules if n not in wanted]:
+            del self.schedules[name]
+        for name, decl in wanted.items():
+            state = self.schedules.get(name)
+            if state is None:
+                self.schedules[name] = _State(decl)
+            elif state.decl != decl:
+                self.schedules[name] = _State(decl, done=state.done)
+        if self.schedules and not self._tasks:
+            self.start()
+
     async def _schedule_loop(self) -> None:
         names = ", ".join(f"{name} ({state.decl.schedule}"
                           f"{', ' + state.decl.tz if state.decl.tz else ''})"

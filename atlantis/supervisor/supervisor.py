@@ -1,7 +1,7 @@
 """The supervisor: phases and signals; the work is done by its services.
 
     starting  -> the worker row, children, every service started, READY=1
-    serving   -> until SIGTERM/SIGINT
+    serving   -> until SIGTERM/SIGINT; SIGHUP reloads the app (see _reload)
     draining  -> no more claims; in-flight attempts get --drain-timeout to finish, then are
                  stopped and their rows given back; a second signal skips the wait
     stopping  -> outcomes written, children and zygotes gone, services stopped
@@ -27,8 +27,14 @@ import asyncio
 import logging
 import signal
 
+import psycopg
+
+from atlantis.declarations.model import JobDecl
 from atlantis.protocol.messages import Stopping
 from atlantis.registry import Registry
+from atlantis.store import connect, sync
+from atlantis.store.database import describe_db_error
+from atlantis.supervisor import appload
 from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.claimer import Claimer
 from atlantis.supervisor.completer import Completer
@@ -43,26 +49,44 @@ from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
+SYNC_TIMEOUT = 60.0
+"""The longest a reload waits for its declarations to be stored."""
+
+
+def _sync(url: str, decls: list[JobDecl]) -> None:
+    """Store the declarations, as the start does (in a thread: psycopg's blocking API)."""
+    with connect(url, connect_timeout=5) as conn:
+        sync(conn, decls)
+
 
 class Supervisor:
     def __init__(self, settings: Settings, registry: Registry, *,
                  early_signals: list[int] | None = None) -> None:
         self.settings = settings
         self.jobs = sorted(registry.registrations)
-        self.decls = [d for d in registry.decls.values()
-                      if d.qualified_name in registry.registrations and d.queue in settings.queues]
+        self.decls = self._served_decls(list(registry.decls.values()), self.jobs)
         self._early_signals = early_signals if early_signals is not None else []
         self.stop_signals = 0
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
+
+    def _served_decls(self, decls: list[JobDecl], jobs: list[str]) -> list[JobDecl]:
+        """The declarations this supervisor serves: a handler, on one of its queues."""
+        handled = set(jobs)
+        return [d for d in decls
+                if d.qualified_name in handled and d.queue in self.settings.queues]
 
     async def run(self) -> int:
         rt = self.rt = Runtime(self.settings)
         self.stop_event = asyncio.Event()
         self.completer = Completer(rt)
         self.logs = AttemptLogs(rt)
-        self.pool = Pool(rt, self.completer, self.logs)
+        self.pool = Pool(rt, self.completer, self.logs, self.jobs)
         self.leases = Leases(rt)
-        self.claimer = Claimer(rt, self.pool, self.completer, self.jobs)
-        self.upkeep = Upkeep(rt, self.completer, lambda: len(self.pool.children))
+        self.claimer = Claimer(rt, self.pool, self.completer, self.pool.served)
+        self.upkeep = Upkeep(rt, self.completer, lambda: len(self.pool.children),
+                             self.pool.served)
+        self.pool.on_served_change = self.upkeep.refresh.set
         self.scheduler = Scheduler(rt, self.decls)
         self.retention = Retention(rt)
         rt.health.on_change = self._health_changed
@@ -90,6 +114,8 @@ class Supervisor:
         # -- serving
         await self.stop_event.wait()
         # -- draining
+        if self._reloading is not None:
+            self._reloading.cancel()
         await self._drain()
         # -- stopping
         await self.logs.drain()
@@ -109,8 +135,66 @@ class Supervisor:
         self.rt.changed.set()
 
     def _on_hup(self) -> None:
-        if not self.rt.draining:
-            self.pool.reload()
+        if self.rt.draining:
+            return
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True  # once the current one is done: the code may have moved on
+            return
+        self._reloading = asyncio.create_task(self._reload(), name="reload")
+
+    async def _reload(self) -> None:
+        """SIGHUP: load the app again, store its declarations, serve its jobs.
+
+        The app is imported in a fresh interpreter (:mod:`appload`): one that fails to load
+        (a syntax error, a bad ``.atl``, no handler) is one line in the log, and the
+        children, the jobs claimed and the schedules stay as they were. Otherwise its
+        declarations are synced as at start, the scheduler follows its schedules, and the
+        children are replaced (:meth:`Pool.reload`): new ones say which jobs they have a
+        handler for, and from the first one ready on those are the jobs claimed. Attempts
+        in flight finish in their old children. Supervisor flags are not reloaded.
+        """
+        while True:
+            self._reload_again = False
+            try:
+                await self._reload_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not stop the supervisor
+                log.exception("SIGHUP: the reload failed; the children and jobs stay as they were")
+            if not self._reload_again or self.rt.draining:
+                return
+
+    async def _reload_once(self) -> None:
+        s = self.settings
+        try:
+            app = await appload.load(s.app, self.pool.env)
+        except appload.AppLoadError as exc:
+            log.error("SIGHUP: the app could not be loaded, so the children and jobs stay as "
+                      "they were: %s", exc)
+            return
+        if self.rt.draining:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(_sync, s.database_url, app.decls),
+                                   SYNC_TIMEOUT)
+        except (psycopg.Error, TimeoutError) as exc:
+            why = (describe_db_error(exc, s.database_url) if isinstance(exc, psycopg.Error)
+                   else f"no answer within {format_duration(SYNC_TIMEOUT)}")
+            log.error("SIGHUP: the declarations could not be stored (%s), so the children and "
+                      "jobs stay as they were", why)
+            return
+        if self.rt.draining:
+            return
+        added = sorted(set(app.jobs) - set(self.jobs))
+        removed = sorted(set(self.jobs) - set(app.jobs))
+        log.info("SIGHUP: app loaded, declarations synced (%d), jobs with a handler (%d)%s%s",
+                 len(app.decls), len(app.jobs),
+                 f" (new: {', '.join(added)})" if added else "",
+                 f" (removed: {', '.join(removed)})" if removed else "")
+        self.jobs = app.jobs
+        self.decls = self._served_decls(app.decls, app.jobs)
+        self.scheduler.update(self.decls)
+        self.pool.reload(app.jobs)
 
     def _health_changed(self) -> None:
         """The database became unreachable or reachable again: tell systemd at once."""

@@ -30,7 +30,8 @@ log = logging.getLogger("atlantis.supervisor")
 class Upkeep(Service):
     name = "upkeep"
 
-    def __init__(self, rt: Runtime, completer: Completer, children: Callable[[], int]) -> None:
+    def __init__(self, rt: Runtime, completer: Completer, children: Callable[[], int],
+                 served: Callable[[], list[str]]) -> None:
         super().__init__(rt)
         self.db = rt.db("upkeep")
         self.db_listen = rt.db("listen")
@@ -38,6 +39,9 @@ class Upkeep(Service):
         self._pause_now = asyncio.Event()
         self.completer = completer
         self.children = children
+        self.served = served
+        self.refresh = asyncio.Event()
+        """Set when the jobs served changed (a reload): the worker row says so at once."""
 
     def loops(self) -> list[Loop]:
         return [self._rescue_loop, self._worker_loop, self._listen_loop, self._status_loop,
@@ -74,7 +78,11 @@ class Upkeep(Service):
 
     async def _worker_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.rt.settings.worker_refresh)
+            try:
+                await asyncio.wait_for(self.refresh.wait(), self.rt.settings.worker_refresh)
+            except TimeoutError:
+                pass
+            self.refresh.clear()
             await self.register()
 
     #: Children whose memory a refresh of the worker row reads at most; beyond, those read
@@ -100,7 +108,7 @@ class Upkeep(Service):
                 "queues": list(rt.settings.queues), "concurrency": rt.settings.concurrency,
                 "in_flight": len(rt.in_flight),
                 "status": "draining" if rt.draining else "running", "ttl": rt.settings.worker_ttl,
-                "jobs": Jsonb(jobs),
+                "jobs": Jsonb(jobs), "job_types": self.served(),
             }, timeout=5)
             rows = await self.db.fetch(Q.queue_gauges, {"queues": list(rt.settings.queues)},
                                        timeout=5)
