@@ -216,15 +216,17 @@ def test_the_scheduler_counts_a_missed_slot_once(db_url: str, db: psycopg.Connec
     first = run_scheduler(db_url, [nightly], 2)
     assert missed_count(first, NIGHTLY) == 0
     assert db.execute("SELECT count(*) FROM atlantis.schedule_runs").fetchone() == (0,)
-    # It ran before: the latest slot, half an hour past, is missed; counted by one scheduler.
+    # It ran a day ago: the 24 hourly slots since, the latest half an hour past, are missed;
+    # counted by one scheduler, in one row.
     db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) VALUES (%s, %s, 1)",
                (NIGHTLY, latest - timedelta(days=1)))
     second = run_scheduler(db_url, [nightly], 3)
     third = run_scheduler(db_url, [nightly], 1)
-    assert (missed_count(second, NIGHTLY), missed_count(third, NIGHTLY)) == (1, 0)
-    rows = db.execute("SELECT slot, job_id FROM atlantis.schedule_runs WHERE job = %s ORDER BY slot",
-                      (NIGHTLY,)).fetchall()
-    assert rows == [(latest - timedelta(days=1), 1), (latest, None)]
+    assert (missed_count(second, NIGHTLY), missed_count(third, NIGHTLY)) == (24, 0)
+    rows = db.execute("SELECT slot, job_id, missed, missed_from FROM atlantis.schedule_runs "
+                      "WHERE job = %s ORDER BY slot", (NIGHTLY,)).fetchall()
+    assert rows == [(latest - timedelta(days=1), 1, 0, None),
+                    (latest, None, 24, latest - timedelta(hours=23))]
     assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (0,)
 
 
