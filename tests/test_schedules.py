@@ -573,3 +573,34 @@ def test_count_slots_of_years_of_seconds_without_walking_them() -> None:
     # repeated hour runs once (the skipped spring hour takes no instant).
     ten_years = count_slots("* * * * * *", PARIS, start, utc(2030, 1, 1))
     assert ten_years == (utc(2030, 1, 1) - start) // ONE - 10 * 3600
+
+
+def test_the_console_shows_missed_runs_by_their_count(db_url: str,
+                                                      db: psycopg.Connection[Any]) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    import warnings
+
+    with warnings.catch_warnings():  # as tests/test_console_api.py
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from atlantis.console.app import create_app
+    from atlantis.console.settings import Settings as ConsoleSettings
+
+    # An outage of 600 slots, one missed slot of an older release, then a run.
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, missed, missed_from) VALUES "
+               "(%s, '2024-01-01T10:00:00Z', 600, '2024-01-01T09:40:02Z'), "
+               "(%s, '2024-01-01T10:00:02Z', 1, '2024-01-01T10:00:02Z')", (TICK, TICK))
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) "
+               "VALUES (%s, '2024-01-01T10:00:04Z', 0)", (TICK,))
+    with TestClient(create_app(ConsoleSettings(db_url)), base_url="http://127.0.0.1") as client:
+        docs = {d["job"]: d for d in client.get("/api/schedules").json()["schedules"]}
+        page = client.get("/schedules")
+    tick = docs[TICK]
+    assert (tick["missed"], tick["missed_ranges"], tick["last_missed_count"]) == (601, 2, 1)
+    assert tick["last_missed"] == tick["last_missed_from"]
+    assert datetime.fromisoformat(tick["last_missed"]) == utc(2024, 1, 1, 10, 0, 2)
+    assert (docs[NIGHTLY]["missed"], docs[NIGHTLY]["last_missed"]) == (0, None)
+    assert page.status_code == 200
+    assert "<td>601 " in page.text
