@@ -23,8 +23,8 @@ import functools
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-__all__ = ["FIELD_NAMES", "count_slots", "cron_problem", "latest_slot", "next_slot", "slots", "zone",
-           "zone_problem"]
+__all__ = ["FIELD_NAMES", "count_slots", "cron_problem", "latest_slot", "next_slot", "slots",
+           "zone", "zone_problem"]
 
 #: The fields of a five-field expression, in order.
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")

@@ -10,9 +10,10 @@ recorded that they follow: slots more than ``schedule_grace`` before the clock a
 as one row that counts them (``missed``, from ``missed_from`` to ``slot``; never a row, nor
 a step, per slot: they are counted arithmetically), and each later slot is a row of
 ``atlantis.schedule_runs`` and a job with its default args. The function holds a lock per
-schedule and does nothing if another supervisor recorded a slot first ('stale'): this one
-then goes on from that slot. So however many supervisors run, each slot is enqueued or
-counted once, and none of them is a leader that could die.
+schedule (not waited for: 'busy', try again next round) and does nothing if another
+supervisor recorded a slot first ('stale'): this one then goes on from that slot. So however
+many supervisors run, each slot is enqueued or counted once, and none of them is a leader
+that could die.
 
 A schedule that never ran does not count its past: only its latest slot runs, if it is
 within the grace. A paused queue still gets its scheduled jobs; they wait like any other.
@@ -47,7 +48,7 @@ _TICK = timedelta(microseconds=1)
 
 @dataclass(frozen=True, slots=True)
 class _CaughtUp:
-    outcome: str  # done, stale
+    outcome: str  # done, stale, busy
     last_slot: datetime | None
     job_ids: list[int]
 
@@ -176,8 +177,8 @@ class Scheduler(Service):
 
     async def catch_up(self, name: str, state: _State, plan: _Plan) -> str | None:
         """Hand a schedule's slots to the database: 'done', 'stale' (another supervisor
-        recorded a later slot: ``state`` follows it), 'refused', or None when the database
-        could not be reached."""
+        recorded a later slot: ``state`` follows it), 'busy' (another supervisor is recording
+        slots of it now), 'refused', or None when the database could not be reached."""
         rt = self.rt
         slot = plan.due[-1] if plan.due else plan.missed_to
         assert slot is not None
@@ -198,9 +199,11 @@ class Scheduler(Service):
             self._refused(name, state, slot, str(exc))
             return "refused"
         result = rows[0]
-        state.done = result.last_slot
         state.failures = 0
         state.retry_at = 0.0
+        if result.outcome == "busy":
+            return result.outcome  # another supervisor is at it: see what it did next round
+        state.done = result.last_slot
         if result.outcome != "done":
             return result.outcome
         extra = {"queue": state.decl.queue}

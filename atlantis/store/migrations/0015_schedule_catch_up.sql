@@ -18,7 +18,9 @@ UPDATE atlantis.schedule_runs SET missed = 1, missed_from = slot
 -- recorded for the job (NULL if none), and passes what follows it up to the database's clock:
 -- `missed` slots from `missed_from` to `missed_to`, past the grace, and `due`, the slots
 -- within the grace, in order. One caller per schedule at a time (an advisory lock on the
--- job's name); if the latest slot recorded is no longer `after` (another supervisor was
+-- job's name, not waited for: while another holds it, `outcome` is 'busy' and nothing is
+-- done, so that a supervisor stopped inside this function holds up no other); if the latest
+-- slot recorded is no longer `after` (another supervisor was
 -- first, or an older one fired a slot with atlantis.schedule_fire), nothing is done and
 -- `outcome` is 'stale' with that slot in `last_slot`: the caller computes again from it.
 -- Else the missed slots become one row (none when the schedule never ran: a new schedule
@@ -38,9 +40,12 @@ DECLARE
     s timestamptz;
     new_id bigint;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('atlantis.schedule_runs'), hashtext(job_name));
-    SELECT max(r.slot) INTO latest FROM atlantis.schedule_runs r WHERE r.job = job_name;
     job_ids := '{}';
+    IF NOT pg_try_advisory_xact_lock(hashtext('atlantis.schedule_runs'), hashtext(job_name)) THEN
+        outcome := 'busy';
+        RETURN;
+    END IF;
+    SELECT max(r.slot) INTO latest FROM atlantis.schedule_runs r WHERE r.job = job_name;
     IF latest IS DISTINCT FROM after THEN
         outcome := 'stale';
         last_slot := latest;
