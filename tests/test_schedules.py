@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -216,15 +217,17 @@ def test_the_scheduler_counts_a_missed_slot_once(db_url: str, db: psycopg.Connec
     first = run_scheduler(db_url, [nightly], 2)
     assert missed_count(first, NIGHTLY) == 0
     assert db.execute("SELECT count(*) FROM atlantis.schedule_runs").fetchone() == (0,)
-    # It ran before: the latest slot, half an hour past, is missed; counted by one scheduler.
+    # It ran a day ago: the 24 hourly slots since, the latest half an hour past, are missed;
+    # counted by one scheduler, in one row.
     db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) VALUES (%s, %s, 1)",
                (NIGHTLY, latest - timedelta(days=1)))
     second = run_scheduler(db_url, [nightly], 3)
     third = run_scheduler(db_url, [nightly], 1)
-    assert (missed_count(second, NIGHTLY), missed_count(third, NIGHTLY)) == (1, 0)
-    rows = db.execute("SELECT slot, job_id FROM atlantis.schedule_runs WHERE job = %s ORDER BY slot",
-                      (NIGHTLY,)).fetchall()
-    assert rows == [(latest - timedelta(days=1), 1), (latest, None)]
+    assert (missed_count(second, NIGHTLY), missed_count(third, NIGHTLY)) == (24, 0)
+    rows = db.execute("SELECT slot, job_id, missed, missed_from FROM atlantis.schedule_runs "
+                      "WHERE job = %s ORDER BY slot", (NIGHTLY,)).fetchall()
+    assert rows == [(latest - timedelta(days=1), 1, 0, None),
+                    (latest, None, 24, latest - timedelta(hours=23))]
     assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (0,)
 
 
@@ -360,3 +363,247 @@ def test_tide_schedule_list_on_a_database_without_schedules(admin_url: str) -> N
     result = tide(admin_url, "schedule", "list", "--json")
     assert result.exit_code == 1
     assert "tide db migrate" in result.stderr
+
+
+# --------------------------------------------------------------------------- every slot, once
+# A per-second schedule (tests/apps/sched_second.atl). Each slot since the latest recorded is
+# fired with its own slot time, whatever the rounds did (a stopped supervisor, a slow round);
+# slots past the grace are one row with their count, however many.
+
+SECOND_APP = "tests.apps.sched_second:registry"
+SECOND = "persec.Second"
+ONE = timedelta(seconds=1)
+
+
+def db_now(db: psycopg.Connection[Any]) -> datetime:
+    value: datetime = db.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    return value
+
+
+def second_runs(db: psycopg.Connection[Any]) -> list[tuple[datetime, int | None]]:
+    rows: list[tuple[datetime, int | None]] = db.execute(
+        "SELECT slot, job_id FROM atlantis.schedule_runs WHERE job = %s ORDER BY slot",
+        (SECOND,)).fetchall()
+    return rows
+
+
+def assert_one_job_per_consecutive_slot(db: psycopg.Connection[Any],
+                                        runs: list[tuple[datetime, int | None]]) -> None:
+    """Every second from the first run to the last has its row and its own job, once."""
+    slots_ = [slot for slot, _ in runs]
+    gaps = [(a, b) for a, b in zip(slots_, slots_[1:], strict=False) if b - a != ONE]
+    assert not gaps, f"slots not fired: {gaps}"
+    assert all(job_id is not None for _, job_id in runs), "a slot within the grace was missed"
+    jobs = [job_id for (job_id,) in db.execute(
+        "SELECT id FROM atlantis.jobs WHERE job = %s ORDER BY id", (SECOND,)).fetchall()]
+    assert sorted(job_id for _, job_id in runs if job_id is not None) == jobs
+
+
+def test_supervisors_stopped_for_seconds_fire_each_slot_of_the_stop_once(
+        supervise: Callable[..., Supervisor], db: psycopg.Connection[Any]) -> None:
+    sups = [supervise(queues=("persec",), app=SECOND_APP) for _ in range(2)]
+    wait_for(lambda: len(second_runs(db)) >= 2, timeout=60, message="two slots enqueued")
+    for sup in sups:
+        sup.signal(signal.SIGSTOP)
+    try:
+        stopped = db_now(db)
+        wait_for(lambda: db_now(db) >= stopped + 5 * ONE, message="five seconds")
+    finally:
+        for sup in sups:
+            sup.signal(signal.SIGCONT)
+    resumed = db_now(db)
+    wait_for(lambda: second_runs(db)[-1][0] >= resumed + 2 * ONE, message="slots after the stop")
+    for sup in sups:
+        sup.stop()
+    runs = second_runs(db)
+    # The slots that fell while both were stopped (at least four) each got a job, with its
+    # own slot time, and so did every other: one per second, none twice, none missed.
+    assert len([slot for slot, _ in runs if stopped < slot < resumed]) >= 4
+    assert_one_job_per_consecutive_slot(db, runs)
+    # Fired late, each said so once, with its own slot.
+    logs = "".join(sup.log() for sup in sups)
+    for slot, job_id in runs:
+        assert logs.count(f"enqueued as job={job_id}\n") + logs.count(
+            f"enqueued as job={job_id} ") == 1, (slot, job_id)
+        assert f"slot {slot.isoformat()} enqueued as job={job_id}" in logs
+
+
+def test_rounds_slower_than_the_slots_fire_every_slot(
+        supervise: Callable[..., Supervisor], db: psycopg.Connection[Any]) -> None:
+    # Each round comes 1.4 s after the last: drift, exaggerated so that every few rounds
+    # two slots have passed since the one before.
+    sup = supervise("--schedule-interval", "1.4s", queues=("persec",), app=SECOND_APP)
+    wait_for(lambda: len(second_runs(db)) >= 10, timeout=60, message="ten slots enqueued")
+    sup.stop()
+    runs = second_runs(db)
+    assert len(runs) >= 10
+    assert_one_job_per_consecutive_slot(db, runs)
+
+
+def missed_rows(db: psycopg.Connection[Any]) -> list[tuple[datetime, datetime, int]]:
+    rows: list[tuple[datetime, datetime, int]] = db.execute(
+        "SELECT missed_from, slot, missed FROM atlantis.schedule_runs "
+        "WHERE job = %s AND job_id IS NULL ORDER BY slot", (SECOND,)).fetchall()
+    return rows
+
+
+def test_a_day_long_outage_is_one_missed_row_with_its_count(
+        supervise: Callable[..., Supervisor], db: psycopg.Connection[Any], db_url: str) -> None:
+    # The schedule last fired a day ago (job 0: pruned since).
+    last = db_now(db).replace(microsecond=0) - timedelta(days=1)
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) VALUES (%s, %s, 0)",
+               (SECOND, last))
+    sup = supervise("--schedule-grace", "5s", queues=("persec",), app=SECOND_APP)
+    wait_for(lambda: any(job_id is None for _, job_id in second_runs(db)), timeout=30,
+             message="the missed slots recorded")
+    resumed = db_now(db)
+    wait_for(lambda: second_runs(db)[-1][0] >= resumed + ONE, message="slots after the outage")
+    sup.stop()
+    # Every second after the last run, up to the grace, counted: a day of them, less the grace.
+    result = tide(db_url, "schedule", "list", "--json")
+    assert result.exit_code == 0, result.output
+    doc = {d["job"]: d for d in orjson.loads(result.stdout)}[SECOND]
+    count = doc["missed"]
+    assert 86_400 - 120 <= count <= 86_400
+    # One row counts them: the day is never written (nor walked) slot by slot.
+    runs = second_runs(db)
+    assert len(runs) < 100
+    [(first, to, missed)] = missed_rows(db)
+    assert (first, missed) == (last + ONE, count)
+    assert count == (to - first) // ONE + 1
+    # Then the slots within the grace (5 s) and all later ones: a job each, no gap.
+    assert runs[0] == (last, 0) and runs[1] == (to, None)
+    fired = runs[2:]
+    assert fired[0][0] == to + ONE
+    assert 5 <= len([slot for slot, _ in fired if slot <= resumed]) <= 7
+    assert_one_job_per_consecutive_slot(db, fired)
+    assert f"{count} slots from {first.isoformat()} to {to.isoformat()} missed" in sup.log()
+
+    # tide schedule list: the count, and the run it came in (new keys; the old ones kept).
+    assert (doc["missed"], doc["missed_ranges"], doc["last_missed_count"]) == (count, 1, count)
+    assert datetime.fromisoformat(doc["last_missed_from"]) == first
+    assert datetime.fromisoformat(doc["last_missed"]) == to
+    assert datetime.fromisoformat(doc["last_run"]) == fired[-1][0]
+    human = tide(db_url, "schedule", "list")
+    line = next(line for line in human.stdout.splitlines() if SECOND in line)
+    assert f"{count}, last at {to.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')} UTC" in line
+
+    # tide db doctor: the missed slots, counted, recent.
+    doctor = tide(db_url, "db", "doctor", "--json")
+    check = orjson.loads(doctor.stdout)["checks"]["missed_schedules"]
+    assert not check["ok"]
+    assert f"{count} schedule slots missed in the last 1d: {SECOND} ({count})" in check["summary"]
+    [row] = [r for r in check["items"] if r["job"] == SECOND]
+    assert (row["missed"], row["recent"], row["ranges"]) == (count, count, 1)
+    assert datetime.fromisoformat(row["first_missed"]) == first
+
+
+def test_schedulers_catching_up_together_record_each_slot_once(
+        db_url: str, db: psycopg.Connection[Any]) -> None:
+    decls = list(load_app(SECOND_APP).decls.values())
+    with psycopg.connect(db_url) as conn:
+        sync(conn, decls)
+    last = db_now(db).replace(microsecond=0) - timedelta(hours=2)
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) VALUES (%s, %s, 0)",
+               (SECOND, last))
+
+    async def main() -> None:
+        runtimes = [Runtime(Settings(queues=("persec",), database_url=db_url,
+                                     schedule_grace=3.0)) for _ in range(4)]
+        schedulers = [Scheduler(rt, decls) for rt in runtimes]
+        try:
+            for _ in range(3):
+                await asyncio.gather(*(s.tick() for s in schedulers))
+            counted = sum(missed_count(s, SECOND) for s in schedulers)
+            [(_, _, count)] = missed_rows(db)
+            assert counted == count  # counted once, by one of them
+        finally:
+            for rt in runtimes:
+                await rt.close_databases()
+
+    asyncio.run(main())
+    [(first, to, count)] = missed_rows(db)
+    assert (first, count) == (last + ONE, (to - last) // ONE)
+    runs = second_runs(db)
+    assert runs[:2] == [(last, 0), (to, None)]
+    assert runs[2][0] == to + ONE
+    assert_one_job_per_consecutive_slot(db, runs[2:])
+
+
+def test_an_older_release_cannot_fire_a_slot_inside_a_missed_run(
+        db: psycopg.Connection[Any]) -> None:
+    # A supervisor of the previous release calls schedule_fire while a fleet rolls.
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, missed, missed_from) "
+               "VALUES (%s, '2024-01-01T10:00:00Z', 600, '2024-01-01T09:50:01Z')", (TICK,))
+    assert fire(db, TICK, "2024-01-01T09:55:00Z") == ("taken", None)
+    assert fire(db, TICK, "2024-01-01T10:00:02Z") == ("missed", None)
+    assert db.execute("SELECT slot, missed, missed_from FROM atlantis.schedule_runs "
+                      "WHERE slot > '2024-01-01T10:00:00Z'").fetchall() == [
+        (utc(2024, 1, 1, 10, 0, 2), 1, utc(2024, 1, 1, 10, 0, 2))]
+
+
+MINUTE, HOUR, DAY = timedelta(minutes=1), timedelta(hours=1), timedelta(days=1)
+
+
+@pytest.mark.parametrize(("expression", "tz", "start", "span"), [
+    ("* * * * * *", None, utc(2024, 5, 1, 23, 50), 20 * MINUTE),  # across midnight
+    ("* * * * * *", PARIS, utc(2024, 3, 31, 0, 50), 20 * MINUTE),  # the skipped hour: one slot
+    ("* * * * * *", PARIS, utc(2024, 10, 27, 0, 50), 20 * MINUTE),  # the repeated hour: once
+    ("*/7 * * * * *", "America/New_York", utc(2024, 11, 3, 5, 17, 3), 2 * HOUR),
+    ("*/20 */5 1-3 * * *", PARIS, utc(2024, 3, 30, 23, 1, 2), 5 * HOUR),
+    ("30 2 * * *", PARIS, utc(2024, 3, 25), 14 * DAY),
+    ("15,45 1-3 * * 0", "America/New_York", utc(2024, 10, 28), 10 * DAY),
+    ("0 0 L * *", None, utc(2024, 1, 15), 100 * DAY),
+    ("0 12 1,15 * 5", None, utc(2024, 1, 1, 12), 60 * DAY),
+])
+def test_count_slots_counts_what_a_walk_finds(expression: str, tz: str | None, start: datetime,
+                                              span: timedelta) -> None:
+    from atlantis.declarations.cron import count_slots
+
+    end = start + span + timedelta(seconds=0.5)
+    for a, b in [(start, end), (start + timedelta(seconds=0.25), end - span / 3),
+                 (start - ONE, start + 3 * ONE)]:
+        assert count_slots(expression, tz, a, b) == len(slots(expression, tz, a, b))
+    assert count_slots(expression, tz, end, start) == 0
+
+
+def test_count_slots_of_years_of_seconds_without_walking_them() -> None:
+    from atlantis.declarations.cron import count_slots
+
+    start = utc(2020, 1, 1)
+    assert count_slots("* * * * * *", None, start, start + timedelta(days=1)) == 86_400
+    # Ten years of seconds, one step per day (a walk would take 315 million): each autumn's
+    # repeated hour runs once (the skipped spring hour takes no instant).
+    ten_years = count_slots("* * * * * *", PARIS, start, utc(2030, 1, 1))
+    assert ten_years == (utc(2030, 1, 1) - start) // ONE - 10 * 3600
+
+
+def test_the_console_shows_missed_runs_by_their_count(db_url: str,
+                                                      db: psycopg.Connection[Any]) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    import warnings
+
+    with warnings.catch_warnings():  # as tests/test_console_api.py
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from atlantis.console.app import create_app
+    from atlantis.console.settings import Settings as ConsoleSettings
+
+    # An outage of 600 slots, one missed slot of an older release, then a run.
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, missed, missed_from) VALUES "
+               "(%s, '2024-01-01T10:00:00Z', 600, '2024-01-01T09:40:02Z'), "
+               "(%s, '2024-01-01T10:00:02Z', 1, '2024-01-01T10:00:02Z')", (TICK, TICK))
+    db.execute("INSERT INTO atlantis.schedule_runs (job, slot, job_id) "
+               "VALUES (%s, '2024-01-01T10:00:04Z', 0)", (TICK,))
+    with TestClient(create_app(ConsoleSettings(db_url)), base_url="http://127.0.0.1") as client:
+        docs = {d["job"]: d for d in client.get("/api/schedules").json()["schedules"]}
+        page = client.get("/schedules")
+    tick = docs[TICK]
+    assert (tick["missed"], tick["missed_ranges"], tick["last_missed_count"]) == (601, 2, 1)
+    assert tick["last_missed"] == tick["last_missed_from"]
+    assert datetime.fromisoformat(tick["last_missed"]) == utc(2024, 1, 1, 10, 0, 2)
+    assert (docs[NIGHTLY]["missed"], docs[NIGHTLY]["last_missed"]) == (0, None)
+    assert page.status_code == 200
+    assert "<td>601 " in page.text

@@ -21,7 +21,7 @@ def schedule() -> None:
 
 @schedule.command("list")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON document: every schedule with next_run, last_run and more.")
+              help="One JSON document: every schedule with next_run, last_run, missed and more.")
 @click.pass_context
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Each scheduled job: its cron, time zone, next run and last run."""
@@ -57,8 +57,15 @@ def _table(found: list[Schedule], now: datetime) -> None:
         last_job = "" if s.last_job_id is None else f"{s.last_job_id} ({s.last_state or 'pruned'})"
         table.add_row(*(Text(safe(cell)) for cell in (
             s.job, s.queue, s.schedule, s.tz or "UTC", _when(s.next_run, now),
-            _when(s.last_run, now), last_job, str(s.missed) if s.missed else "")))
+            _when(s.last_run, now), last_job, _missed(s, now))))
     console.print(table)
+
+
+def _missed(s: Schedule, now: datetime) -> str:
+    """``86400, last at 2024-05-02 03:00:00 UTC (5m ago)``; empty when none was missed."""
+    if not s.missed:
+        return ""
+    return f"{s.missed}, last at {_when(s.last_missed, now)}"
 
 
 def _when(moment: datetime | None, now: datetime) -> str:

@@ -126,11 +126,15 @@ SELECT t.job, t.queue, t.schedule
  ORDER BY t.job
 
 -- name: doctor_missed_slots
--- Per schedule, the slots recorded as missed (atlantis.schedule_runs rows without a job) that
--- retention still keeps, and how many of them fall within the last `within` seconds.
-SELECT r.job, count(*) AS missed,
-       count(*) FILTER (WHERE r.slot > now() - make_interval(secs => %(within)s)) AS recent,
-       max(r.slot) AS last_missed
+-- Per schedule, the slots recorded as missed (atlantis.schedule_runs rows without a job, each
+-- standing for `missed` slots from `missed_from` to `slot`) that retention still keeps, and
+-- how many of them are in runs that ended within the last `within` seconds.
+SELECT r.job, sum(greatest(r.missed, 1))::bigint AS missed,
+       coalesce(sum(greatest(r.missed, 1))
+                FILTER (WHERE r.slot > now() - make_interval(secs => %(within)s)), 0)::bigint
+           AS recent,
+       max(r.slot) AS last_missed, min(coalesce(r.missed_from, r.slot)) AS first_missed,
+       count(*) AS ranges
   FROM atlantis.schedule_runs r
  WHERE r.job_id IS NULL
  GROUP BY r.job

@@ -48,6 +48,8 @@ class Queries:
     queue_served: LiteralString
     schedule_now: LiteralString
     schedule_fire: LiteralString
+    schedule_latest: LiteralString
+    schedule_catch_up: LiteralString
     schedule_list: LiteralString
     retention_prune: LiteralString
     retention_prune_schedule_runs: LiteralString

@@ -30,6 +30,10 @@ class _ScheduleRow:
     last_job_id: int | None
     last_state: str | None
     missed: int
+    missed_ranges: int
+    last_missed_from: datetime | None
+    last_missed: datetime | None
+    last_missed_count: int
     db_now: datetime
 
 
@@ -40,7 +44,10 @@ class Schedule:
     ``tz`` is None for UTC. ``next_run`` is the next slot after the database's clock (None if
     the expression cannot be read, say after a downgrade). ``last_run`` is the latest slot
     that enqueued a job, ``last_job_id`` that job and ``last_state`` its state (None once the
-    job was pruned); ``missed`` counts the slots recorded as missed that are still kept.
+    job was pruned); ``missed`` counts the slots recorded as missed that are still kept, in
+    ``missed_ranges`` runs of consecutive slots (an outage is one run, however long); the
+    latest run is ``last_missed_count`` slots from ``last_missed_from`` to ``last_missed``
+    (all three None or 0 when no slot was missed).
     """
 
     job: str
@@ -52,6 +59,10 @@ class Schedule:
     last_job_id: int | None
     last_state: str | None
     missed: int
+    missed_ranges: int = 0
+    last_missed_from: datetime | None = None
+    last_missed: datetime | None = None
+    last_missed_count: int = 0
 
     def document(self) -> dict[str, Any]:
         """The fields by name, for ``--json`` and the API."""
@@ -74,7 +85,9 @@ def list_schedules(conn: Conn) -> tuple[list[Schedule], datetime]:
             job=r.job, queue=r.queue, schedule=r.schedule, tz=r.tz,
             next_run=upcoming.astimezone(UTC) if upcoming is not None else None,
             last_run=r.last_run, last_job_id=r.last_job_id, last_state=r.last_state,
-            missed=r.missed))
+            missed=r.missed, missed_ranges=r.missed_ranges,
+            last_missed_from=r.last_missed_from, last_missed=r.last_missed,
+            last_missed_count=r.last_missed_count))
     return found, now
 
 

@@ -12,14 +12,42 @@ SELECT now() AS now
 SELECT f.outcome, f.job_id
   FROM atlantis.schedule_fire(%(job)s, %(slot)s, make_interval(secs => %(grace)s)) AS f
 
+-- name: schedule_latest
+-- The latest slot recorded of each of the jobs (enqueued or missed): where a scheduler that
+-- starts goes on from.
+SELECT r.job, max(r.slot) AS slot
+  FROM atlantis.schedule_runs r
+ WHERE r.job = ANY(%(jobs)s::text[])
+ GROUP BY r.job
+
+-- name: schedule_catch_up
+-- The slots of one schedule after `after` (the latest recorded): one row for the missed ones,
+-- a job for each due one; 'stale' (and the latest slot recorded) if `after` is no longer it.
+SELECT c.outcome, c.last_slot, c.job_ids
+  FROM atlantis.schedule_catch_up(%(job)s, %(after)s, %(missed_from)s, %(missed_to)s,
+                                  %(missed)s, %(due)s::timestamptz[]) AS c
+
 -- name: schedule_list
--- Every schedule in the database, with its latest run and how many slots were missed.
+-- Every schedule in the database, with its latest run and the slots missed that retention
+-- keeps: how many (a row of atlantis.schedule_runs without a job stands for `missed` slots,
+-- from `missed_from` to `slot`), in how many runs, and the latest run of them.
 SELECT t.job, t.queue, t.schedule, t.tz,
        last.slot AS last_run, last.job_id AS last_job_id, j.state AS last_state,
-       (SELECT count(*) FROM atlantis.schedule_runs m
-         WHERE m.job = t.job AND m.job_id IS NULL) AS missed,
+       coalesce(m.missed, 0) AS missed, coalesce(m.ranges, 0) AS missed_ranges,
+       lm.missed_from AS last_missed_from, lm.slot AS last_missed,
+       coalesce(lm.missed, 0) AS last_missed_count,
        now() AS db_now
   FROM atlantis.job_types t
+  LEFT JOIN LATERAL (
+        SELECT sum(greatest(r.missed, 1))::bigint AS missed, count(*) AS ranges
+          FROM atlantis.schedule_runs r
+         WHERE r.job = t.job AND r.job_id IS NULL) m ON true
+  LEFT JOIN LATERAL (
+        SELECT r.slot, coalesce(r.missed_from, r.slot) AS missed_from,
+               greatest(r.missed, 1) AS missed
+          FROM atlantis.schedule_runs r
+         WHERE r.job = t.job AND r.job_id IS NULL
+         ORDER BY r.slot DESC LIMIT 1) lm ON true
   LEFT JOIN LATERAL (
         SELECT r.slot, r.job_id FROM atlantis.schedule_runs r
          WHERE r.job = t.job AND r.job_id IS NOT NULL

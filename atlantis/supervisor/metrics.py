@@ -52,8 +52,8 @@ class Metrics:
             registry=self.registry)
         self.schedule_missed = Counter(
             "atlantis_schedule_slots_missed_total", "Schedule slots skipped because they were "
-            "first seen later than the grace (nothing ran then); counted by the supervisor that "
-            "recorded them.", ["job"], registry=self.registry)
+            "already later than the grace when a round first saw them (nothing ran then); "
+            "counted by the supervisor that recorded them.", ["job"], registry=self.registry)
         self.database_up.set(1)
         # Labelled series, looked up once: ``labels()`` validates and locks on every call.
         self._ended: dict[tuple[str, str, str], Any] = {}

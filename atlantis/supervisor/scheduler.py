@@ -1,18 +1,22 @@
 """The scheduler: jobs declared with ``schedule "CRON"`` enqueued once per slot.
 
 About once a second (``schedule_interval``) it reads the database's clock and, for each
-scheduled job of the served queues, works out the latest slot at or before it
-(``atlantis.declarations.cron``: the job's ``tz``, UTC by default; DST handled there). A slot
-not handled yet goes to ``atlantis.schedule_fire`` (migration 0006), which records
-``(job, slot)`` in ``atlantis.schedule_runs`` and enqueues the job with its default args in
-one transaction, only if the row was new: however many supervisors run, the primary key
-lets exactly one of them enqueue a slot, and none of them is a leader that could die.
+scheduled job of the served queues, works out the slots since the latest one recorded
+(``atlantis.declarations.cron``: the job's ``tz``, UTC by default; DST handled there), not
+only the latest one: a round that comes late (a stopped or busy supervisor, a slow
+database, a sleep that drifted) still fires every slot in between. They go to
+``atlantis.schedule_catch_up`` (migration 0015) in one transaction, with the latest slot
+recorded that they follow: slots more than ``schedule_grace`` before the clock are recorded
+as one row that counts them (``missed``, from ``missed_from`` to ``slot``; never a row, nor
+a step, per slot: they are counted arithmetically), and each later slot is a row of
+``atlantis.schedule_runs`` and a job with its default args. The function holds a lock per
+schedule (not waited for: 'busy', try again next round) and does nothing if another
+supervisor recorded a slot first ('stale'): this one then goes on from that slot. So however
+many supervisors run, each slot is enqueued or counted once, and none of them is a leader
+that could die.
 
-Slots missed while nothing ran are not back-filled: a slot first seen more than
-``schedule_grace`` after its time is recorded without a job and counted as missed
-(``atlantis_schedule_slots_missed_total``), unless the schedule never ran before (a new
-schedule does not count its first, long past, slot as missed). A paused queue still gets
-its scheduled jobs; they wait like any other.
+A schedule that never ran does not count its past: only its latest slot runs, if it is
+within the grace. A paused queue still gets its scheduled jobs; they wait like any other.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from atlantis.declarations.cron import latest_slot, next_slot
+from atlantis.declarations.cron import count_slots, latest_slot, next_slot
 from atlantis.declarations.model import JobDecl
 from atlantis.store.queries import Q
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
@@ -37,12 +41,33 @@ MIN_INTERVAL = 0.05
 """The shortest pause between two rounds, whatever ``schedule_interval`` says."""
 RETRY_MAX = 60.0
 """Longest wait before trying again a slot whose enqueue the database refused."""
+MAX_DUE = 500
+"""The most slots of one schedule enqueued in one transaction; the rest in the next round."""
+_TICK = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
-class _Fired:
-    outcome: str  # enqueued, missed, skipped, taken
-    job_id: int | None
+class _CaughtUp:
+    outcome: str  # done, stale, busy
+    last_slot: datetime | None
+    job_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Latest:
+    job: str
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What follows ``after`` (the latest slot recorded) up to the database's clock."""
+
+    after: datetime | None
+    missed: int  # slots past the grace, from missed_from to missed_to
+    missed_from: datetime | None
+    missed_to: datetime | None
+    due: list[datetime]  # slots within the grace, in order
 
 
 @dataclass
@@ -50,7 +75,8 @@ class _State:
     """What this supervisor knows of one schedule."""
 
     decl: JobDecl
-    done: datetime | None = None  # the latest slot handled (by us or by anyone)
+    known: bool = False  # whether done was read from the database
+    done: datetime | None = None  # the latest slot recorded (by us or by anyone)
     due: datetime | None = None  # the next slot after the last round that handled one
     failures: int = 0
     retry_at: float = 0.0  # loop time; after a refused enqueue
@@ -96,61 +122,120 @@ class Scheduler(Service):
             await asyncio.sleep(max(self.rt.settings.schedule_interval, MIN_INTERVAL))
 
     async def tick(self) -> None:
-        """One round: every schedule whose latest slot is new to us is handed to the database."""
+        """One round: every schedule with a slot since the latest recorded is handed to the
+        database, with all its slots since then."""
         try:
             rows = await self.db.fetch(Q.schedule_now, timeout=10)
+            unknown = [name for name, state in self.schedules.items() if not state.known]
+            if unknown:
+                latest = await self.db.fetch_rows(_Latest, Q.schedule_latest,
+                                                  {"jobs": unknown}, timeout=30)
         except (DatabaseUnavailable, StatementRejected):
             return  # the outage is reported by the connection; try again next round
         now: datetime = rows[0][0]
+        if unknown:
+            found = {row.job: row.slot for row in latest}
+            for name in unknown:
+                self.schedules[name].done = found.get(name)
+                self.schedules[name].known = True
         for name, state in self.schedules.items():
             expr = state.decl.schedule
             assert expr is not None
             if (state.due is not None and now < state.due) or self.rt.now() < state.retry_at:
                 continue  # nothing new before the next slot: no cron arithmetic every round
-            slot = latest_slot(expr, state.decl.tz, now)
-            if slot is None:
-                continue
-            # Never go back (a clock that stepped backwards), never do a slot twice.
-            if state.done is None or slot > state.done:
-                if not await self.fire(name, state, slot):
+            for _ in range(3):  # 'stale': another supervisor was first; go on from its slot
+                plan = self._plan(name, state, now)
+                if plan is None:
+                    break
+                outcome = await self.catch_up(name, state, plan)
+                if outcome is None:
                     return  # the database is away: the rest waits for the next round
-                if state.done != slot:
-                    continue  # refused; retried after a backoff
-            state.due = next_slot(expr, state.decl.tz, now)
+                if outcome != "stale":
+                    break
+            if state.failures:
+                continue  # refused; retried after a backoff
+            state.due = next_slot(expr, state.decl.tz,
+                                  now if state.done is None else state.done)
 
-    async def fire(self, name: str, state: _State, slot: datetime) -> bool:
-        """Hand one slot to the database; False when the database could not be reached."""
+    def _plan(self, name: str, state: _State, now: datetime) -> _Plan | None:
+        """The slots of one schedule after the latest recorded, up to ``now``; None if none."""
+        expr, tz = state.decl.schedule, state.decl.tz
+        assert expr is not None
+        cutoff = now - timedelta(seconds=self.rt.settings.schedule_grace)
+        if state.done is None:
+            # Never ran: its past is not missed; its latest slot runs if within the grace.
+            latest = latest_slot(expr, tz, now)
+            if latest is None:
+                return None
+            if latest < cutoff:
+                log.debug("schedule %s: its latest slot %s is past; the next one will run",
+                          name, _show(latest), extra={"queue": state.decl.queue})
+                return None
+            return _Plan(None, 0, None, None, [latest])
+        first = next_slot(expr, tz, state.done)
+        if first is None or first > now:
+            return None
+        missed, missed_to = 0, latest_slot(expr, tz, cutoff - _TICK)  # slots before cutoff
+        if missed_to is not None and missed_to > state.done:
+            missed = count_slots(expr, tz, state.done, missed_to)
+        if not missed:
+            missed_to = None
+        due: list[datetime] = []
+        moment = missed_to if missed_to is not None else state.done
+        while len(due) < MAX_DUE:
+            slot = next_slot(expr, tz, moment)
+            if slot is None or slot > now:
+                break
+            due.append(slot)
+            moment = slot
+        if not missed and not due:
+            return None
+        return _Plan(state.done, missed, first if missed else None, missed_to, due)
+
+    async def catch_up(self, name: str, state: _State, plan: _Plan) -> str | None:
+        """Hand a schedule's slots to the database: 'done', 'stale' (another supervisor
+        recorded a later slot: ``state`` follows it), 'busy' (another supervisor is recording
+        slots of it now), 'refused', or None when the database could not be reached."""
         rt = self.rt
+        slot = plan.due[-1] if plan.due else plan.missed_to
+        assert slot is not None
         try:
-            rows = await self.db.fetch_rows(_Fired, Q.schedule_fire, {
-                "job": name, "slot": slot, "grace": rt.settings.schedule_grace}, timeout=30)
+            rows = await self.db.fetch_rows(_CaughtUp, Q.schedule_catch_up, {
+                "job": name, "after": plan.after, "missed_from": plan.missed_from,
+                "missed_to": plan.missed_to, "missed": plan.missed, "due": plan.due},
+                timeout=30)
         except DatabaseUnavailable as exc:
             if rt.health.down_since is not None:
-                return False  # an outage, reported by the connection: next round
+                return None  # an outage, reported by the connection: next round
             # The server answered and refused (an unknown job, args the database no longer
-            # accepts), or the connection dropped under the statement: say so, and try this
-            # slot again after a backoff (the first one short).
+            # accepts), or the connection dropped under the statement: say so, and try these
+            # slots again after a backoff (the first one short).
             self._refused(name, state, slot, str(exc))
-            return True
+            return "refused"
         except StatementRejected as exc:
             self._refused(name, state, slot, str(exc))
-            return True
-        fired = rows[0]
-        state.done = slot
+            return "refused"
+        result = rows[0]
         state.failures = 0
         state.retry_at = 0.0
+        if result.outcome == "busy":
+            return result.outcome  # another supervisor is at it: see what it did next round
+        state.done = result.last_slot
+        if result.outcome != "done":
+            return result.outcome
         extra = {"queue": state.decl.queue}
-        if fired.outcome == "enqueued":
-            log.info("schedule %s: slot %s enqueued as job=%s", name, _show(slot), fired.job_id,
-                     extra={**extra, "job_id": fired.job_id})
-        elif fired.outcome == "missed":
-            rt.metrics.schedule_missed.labels(name).inc()
-            log.warning("schedule %s: slot %s missed (first seen more than %gs late); not run "
-                        "late", name, _show(slot), rt.settings.schedule_grace, extra=extra)
-        elif fired.outcome == "skipped":
-            log.debug("schedule %s: its latest slot %s is past; the next one will run", name,
-                      _show(slot), extra=extra)
-        return True
+        if plan.missed and plan.after is not None:
+            rt.metrics.schedule_missed.labels(name).inc(plan.missed)
+            assert plan.missed_from is not None and plan.missed_to is not None
+            what = (f"slot {_show(plan.missed_to)}" if plan.missed == 1 else
+                    f"{plan.missed} slots from {_show(plan.missed_from)} to "
+                    f"{_show(plan.missed_to)}")
+            log.warning("schedule %s: %s missed (more than %gs late when first seen); not run "
+                        "late", name, what, rt.settings.schedule_grace, extra=extra)
+        for due, job_id in zip(plan.due, result.job_ids, strict=False):
+            log.info("schedule %s: slot %s enqueued as job=%s", name, _show(due), job_id,
+                     extra={**extra, "job_id": job_id})
+        return result.outcome
 
     def _refused(self, name: str, state: _State, slot: datetime, error: str) -> None:
         state.failures += 1

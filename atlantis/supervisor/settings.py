@@ -129,8 +129,9 @@ class Settings:
                                    default=1.0, hidden=True)
     schedule_interval: float = _opt("duration", "How often schedules are checked for a due slot.",
                                     default=1.0, hidden=True)
-    schedule_grace: float = _opt("duration", "A schedule slot first seen later than this after "
-                                 "its time is skipped (counted as missed), not run late.",
+    schedule_grace: float = _opt("duration", "A schedule slot already later than this when a "
+                                 "round first sees it is skipped (counted as missed), not run late; "
+                                 "every later slot runs.",
                                  default=60.0, hidden=True)
 
     def validate(self) -> Settings:
