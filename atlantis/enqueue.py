@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store.queries import Q
+from atlantis.units import int_problem
 
 UNKNOWN_JOB = "ATL01"
 INVALID_ARGS = "ATL02"
@@ -50,6 +51,7 @@ def _params(
 ) -> dict[str, Any]:
     if isinstance(delay, int | float):
         delay = timedelta(seconds=delay)
+    _check_priority(priority)
     return {
         "job": job,
         "args": [Jsonb(_encode(job, a), dumps=_as_is) for a in args_list],
@@ -58,6 +60,15 @@ def _params(
         "queue": queue,
         "delay": delay,
     }
+
+
+def _check_priority(priority: object) -> None:
+    """A priority is an ``int`` in the database (lower runs first); PostgreSQL would find no
+    enqueue function taking anything else, and say so in terms of the schema."""
+    if priority is not None:
+        problem = int_problem(priority, "int")
+        if problem is not None:
+            raise ValidationError(f"priority: {problem}")
 
 
 def _as_is(text: str) -> str:
