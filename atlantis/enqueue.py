@@ -254,6 +254,8 @@ def enqueue_many(
 ) -> list[int]:
     """Insert one row per args in one round trip; returns the ids in order.
 
+    ``priority`` (an ``int``) replaces the declared one for these jobs: lower runs first.
+
     A refused batch writes nothing (it is one statement) and leaves the caller's
     transaction usable: inside an open transaction a savepoint undoes the statement; with
     none open, the implicit transaction that held only this statement is rolled back.
@@ -281,7 +283,10 @@ def enqueue(
     priority: int | None = None,
     queue: str | None = None,
 ) -> int:
-    """Enqueue one job; returns its id. Visible to workers when the caller commits."""
+    """Enqueue one job; returns its id. Visible to workers when the caller commits.
+
+    ``priority`` (an ``int``) replaces the declared one for this job: lower runs first.
+    """
     return enqueue_many(
         conn, job, [args or {}], delay=delay, run_at=run_at, priority=priority, queue=queue
     )[0]

@@ -107,7 +107,8 @@ def _no_constant(name: str) -> object:
 @job.command("enqueue")
 @click.argument("name")
 @click.option("--args", "args_json", default="{}", help="The arguments as a JSON object.")
-@click.option("--delay", default=None, help="Run no earlier than this from now (e.g. 10m).")
+@click.option("--delay", default=None,
+              help="Run no earlier than this from now (e.g. 10m; at most 36500d).")
 @click.option("--priority", type=PRIORITY, default=None,
               help="Lower runs first: among jobs ready in a queue, the lowest priority is "
               "claimed first (default: the job's declared priority, 0 unless set).")

@@ -2,8 +2,9 @@
 
 The syntax walk (``parser.py``) hands over raw blocks that keep their tokens; this module
 refuses what the grammar let through (unknown types, repeated jobs, fields and modifiers,
-defaults that do not fit their type, values out of range) and builds the JobDecls. Each
-refusal names the token at fault as ``file:line:column: what is wrong``.
+defaults that do not fit their type, values out of range, field names Python cannot take as
+attributes, strings PostgreSQL cannot store) and builds the JobDecls. Each refusal names
+the token at fault as ``file:line:column: what is wrong``.
 """
 
 from __future__ import annotations
@@ -311,6 +312,8 @@ class _Checker:
             what = f"invalid string {self.written(token)}: {exc.msg}"
             raise error(self.filename, line, column + exc.pos, what) from None
         assert isinstance(value, str)
+        if "\x00" not in value and value.isascii():
+            return value
         for index, char in enumerate(value):
             if char == "\x00":
                 what = "a NUL character (\\u0000), which PostgreSQL cannot store"
