@@ -19,8 +19,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 import atlantis
+from atlantis.cli.tide import main as tide_main
 from atlantis.declarations import parse_atl
 from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError, JobNotFoundError, ValidationError
@@ -41,6 +43,19 @@ def tide(db_url: str, *args: str, cwd: Path = ROOT,
                           capture_output=True, text=True, cwd=cwd, timeout=60, env=env)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, done.stdout, (done.stderr.strip().splitlines() or [""])[-1]
+
+
+def tide_all(db_url: str, commands: dict[str, list[str]]) -> dict[str, tuple[int, str, str]]:
+    """Run `tide` commands at once: what :func:`tide` says of each, by name."""
+    procs = {name: subprocess.Popen([str(BIN / "tide"), "--database-url", db_url, *argv],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=ROOT) for name, argv in commands.items()}
+    said = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=60)
+        assert "Traceback" not in stderr, (name, stderr)
+        said[name] = (proc.returncode, stdout, (stderr.strip().splitlines() or [""])[-1])
+    return said
 
 
 def _app_env(folder: Path) -> dict[str, str]:
@@ -187,8 +202,8 @@ TIDE_DURATIONS: dict[str, tuple[list[str], str]] = {
 
 def test_tide_refuses_long_durations_naming_the_option(
         db: psycopg.Connection[Any], db_url: str) -> None:
-    for name, (argv, line) in TIDE_DURATIONS.items():
-        assert tide(db_url, *argv) == (2, "", line), name
+    said = tide_all(db_url, {name: argv for name, (argv, _) in TIDE_DURATIONS.items()})
+    assert said == {name: (2, "", line) for name, (_, line) in TIDE_DURATIONS.items()}
     assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (0,)
 
 
@@ -233,12 +248,12 @@ def test_the_longest_durations_work_everywhere(
     """100 years is safe, not merely accepted: synced, leased, timed, stalled (3 heartbeats),
     delayed, shown, pruned and checked by the doctor without a database error."""
     _write_app(tmp_path, "longest", LONGEST_ATL, ("limits.Longest", "limits.LongestLease"))
-    assert tide(db_url, "db", "sync", "--app", "longest:registry", cwd=tmp_path,
-                env=_app_env(tmp_path))[0] == 0
     ancient = make_job(db, "complete", 36_600)  # finished more than 100 years ago
     sup = supervise("--retention", "36500d", "--dead-retention", "36500d",
                     "--retention-interval", "1s", "--max-backoff", "36500d",
                     queues=("limits",), app="longest:registry", env=_app_env(tmp_path))
+    wait_for(lambda: db.execute("SELECT count(*) FROM atlantis.job_types WHERE job LIKE "
+                                "'limits.%'").fetchone() == (2,), message="the app synced")
     ids = [atlantis.enqueue(db, job, {}) for job in ("limits.Longest", "limits.LongestLease")]
     for job_id in ids:
         assert wait_state(db, job_id, "complete", "dead")["state"] == "complete"
@@ -248,11 +263,15 @@ def test_the_longest_durations_work_everywhere(
     assert code == 0
     later = job_row(db, int(out))
     assert later["state"] == "available" and later["run_at"].year >= 2100
-    for argv in (["job", "status", out.strip()], ["job", "list", "--stalled"],
-                 ["job", "prune", "--older-than", "36500d"],
-                 ["db", "doctor", "--lease-grace", "36500d", "--xact-age", "36500d",
-                  "--missed-within", "36500d"]):
-        assert tide(db_url, *argv)[0] in (0, 1), argv  # the doctor may warn, never fail
+    said = tide_all(db_url, {
+        "status": ["job", "status", out.strip()], "stalled": ["job", "list", "--stalled"],
+        "prune": ["job", "prune", "--older-than", "36500d"],
+        "doctor": ["db", "doctor", "--lease-grace", "36500d", "--xact-age", "36500d",
+                   "--missed-within", "36500d"]})
+    assert {name: code for name, (code, _, _) in said.items()} == {
+        "status": 0, "stalled": 0, "prune": 0, "doctor": said["doctor"][0]}
+    assert said["doctor"][0] in (0, 1), said["doctor"]  # it may warn, never fail
+    assert "timeout 36500d, heartbeat 36500d, stall 36500d" in said["status"][1]
     assert sup.proc.poll() is None
     assert "Traceback" not in sup.log() and "out of range" not in sup.log()
 
@@ -291,13 +310,15 @@ TIDE_INTEGERS: dict[str, tuple[list[str], str]] = {
 def test_tide_refuses_integers_the_database_cannot_hold(
         db: psycopg.Connection[Any], db_url: str) -> None:
     """They used to be blamed on the schema ("run tide db migrate")."""
-    for name, (argv, line) in TIDE_INTEGERS.items():
-        assert tide(db_url, *argv) == (2, "", line), name
-    assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (0,)
     biggest = "9223372036854775807"  # in range, and no job has it: as any unknown id
-    for command in ("status", "retry", "cancel", "logs"):
-        assert tide(db_url, "job", command, biggest) == (
-            1, "", f"tide: no job with id {biggest}"), command
+    unknown = {f"unknown-{c}": ["job", c, biggest] for c in ("status", "cancel")}
+    said = tide_all(db_url, {**{name: argv for name, (argv, _) in TIDE_INTEGERS.items()},
+                             **unknown})
+    assert {name: said[name] for name in TIDE_INTEGERS} == {
+        name: (2, "", line) for name, (_, line) in TIDE_INTEGERS.items()}
+    assert {name: said[name] for name in unknown} == {
+        name: (1, "", f"tide: no job with id {biggest}") for name in unknown}
+    assert db.execute("SELECT count(*) FROM atlantis.jobs").fetchone() == (0,)
     code, out, _ = tide(db_url, "job", "enqueue", "tests.Echo", "--args", '{"key": "x"}',
                         "--priority", "-2147483648")
     assert code == 0 and job_row(db, int(out))["priority"] == -2147483648
@@ -401,20 +422,23 @@ def test_gen_says_in_one_line_what_it_cannot_do(db_url: str, tmp_path: Path) -> 
     good = ROOT / "examples" / "contacts" / "jobs.atl"
     out = tmp_path / "out.py"
     missing = tmp_path / "no" / "such" / "folder" / "out.py"
-    assert tide(db_url, "gen", str(keyword), "-o", str(out)) == (
-        2, "", f"tide: {keyword}:2:10: field name 'from' is a Python keyword, and handlers get "
-        "each field as an attribute of that name; rename the field")
-    assert tide(db_url, "gen", str(shadow), "-o", str(out)) == (
-        2, "", f"tide: {shadow}:4:5: field 'str' of job ns.J cannot be an attribute of the "
-        "generated args class; rename the field")
-    assert tide(db_url, "gen", str(good), "-o", str(missing)) == (
-        1, "", f"tide: cannot write {missing}: No such file or directory")
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe")
+    said = tide_all(db_url, {
+        "keyword": ["gen", str(keyword), "-o", str(out)],
+        "shadow": ["gen", str(shadow), "-o", str(out)],
+        "unwritable": ["gen", str(good), "-o", str(missing)],
+        "not-utf8": ["gen", str(good), "-o", str(binary), "--check"],
+    })
+    assert said == {
+        "keyword": (2, "", f"tide: {keyword}:2:10: field name 'from' is a Python keyword, and "
+                    "handlers get each field as an attribute of that name; rename the field"),
+        "shadow": (2, "", f"tide: {shadow}:4:5: field 'str' of job ns.J cannot be an attribute "
+                   "of the generated args class; rename the field"),
+        "unwritable": (1, "", f"tide: cannot write {missing}: No such file or directory"),
+        "not-utf8": (1, "", f"tide: {binary} is stale; run: tide gen {good} -o {binary}"),
+    }
     assert not out.exists()
-    assert tide(db_url, "gen", str(good), "-o", str(out))[0] == 0
-    (tmp_path / "binary.py").write_bytes(b"\xff\xfe")
-    assert tide(db_url, "gen", str(good), "-o", str(tmp_path / "binary.py"), "--check") == (
-        1, "", f"tide: {tmp_path / 'binary.py'} is stale; run: tide gen {good} -o "
-        f"{tmp_path / 'binary.py'}")
 
 
 # ---- priority: which way it runs ----------------------------------------------------------
@@ -429,8 +453,7 @@ def test_lower_priority_runs_first_and_every_doc_says_so(
         wait_state(db, job_id, "complete")
     ran = db.execute("SELECT key FROM test_events WHERE event = 'ran' ORDER BY id").fetchall()
     assert [key for (key,) in ran] == ["p-3", "p0", "p5"]
-    helped = subprocess.run([str(BIN / "tide"), "job", "enqueue", "--help"], capture_output=True,
-                            text=True, cwd=ROOT, timeout=60, check=True).stdout
+    helped = CliRunner().invoke(tide_main, ["job", "enqueue", "--help"]).output
     assert "Lower runs first" in " ".join(helped.split())
     readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
     assert "`priority N` (lower runs first" in readme
