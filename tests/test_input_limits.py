@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -372,13 +372,15 @@ def test_the_async_twins_refuse_alike(db_url: str) -> None:
     async def go() -> list[str]:
         said = []
         async with await psycopg.AsyncConnection.connect(db_url) as conn:
-            for call in (atlantis.cancel_async(conn, int(HUGE)),
-                         atlantis.retry_async(conn, -int(HUGE)),
-                         atlantis.enqueue_async(conn, "tests.Echo", {"key": "x"}, priority=2**31),
-                         atlantis.enqueue_many_async(conn, "tests.Echo", [{"key": "x"}],
-                                                     priority=2**63)):
+            calls: list[Callable[[], Awaitable[object]]] = [
+                lambda: atlantis.cancel_async(conn, int(HUGE)),
+                lambda: atlantis.retry_async(conn, -int(HUGE)),
+                lambda: atlantis.enqueue_async(conn, "tests.Echo", {"key": "x"}, priority=2**31),
+                lambda: atlantis.enqueue_many_async(conn, "tests.Echo", [{"key": "x"}],
+                                                    priority=2**63)]
+            for call in calls:
                 try:
-                    await call
+                    await call()
                 except ValidationError as exc:
                     said.append(str(exc).split(":")[0])
         return said
