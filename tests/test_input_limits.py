@@ -329,7 +329,7 @@ PYTHON_INTEGERS: dict[str, tuple[str, str]] = {
     "cancel": ("cancel", f"job_id: {HUGE} is out of range for bigint (at most "
                          "9223372036854775807)"),
     "retry": ("retry", f"job_id: {HUGE} is out of range for bigint (at most 9223372036854775807)"),
-    "cancel-not-an-integer": ("cancel-str", "job_id: expected an integer, got str"),
+    "cancel-not-an-integer": ("cancel-bool", "job_id: expected an integer, got bool"),
     "enqueue-priority": ("enqueue", "priority: 2147483648 is out of range for int (at most "
                                     "2147483647)"),
     "enqueue-many-priority": ("enqueue_many", "priority: -2147483649 is out of range for int (at "
@@ -344,7 +344,7 @@ def _python_call(conn: psycopg.Connection[Any], call: str) -> Any:
     calls: dict[str, Callable[[], object]] = {
         "cancel": lambda: atlantis.cancel(conn, big),
         "retry": lambda: atlantis.retry(conn, big),
-        "cancel-str": lambda: atlantis.cancel(conn, "7"),  # type: ignore[arg-type]
+        "cancel-bool": lambda: atlantis.cancel(conn, True),
         "enqueue": lambda: atlantis.enqueue(conn, "tests.Echo", {"key": "x"}, priority=2**31),
         "enqueue_many": lambda: atlantis.enqueue_many(conn, "tests.Echo", [{"key": "x"}],
                                                       priority=-(2**31) - 1),
