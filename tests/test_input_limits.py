@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 import atlantis
 from atlantis.cli.tide import main as tide_main
-from atlantis.declarations import parse_atl
+from atlantis.declarations import Field, JobDecl, parse_atl
 from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError, JobNotFoundError, ValidationError
 from atlantis.registry import args_class
@@ -154,6 +154,17 @@ def test_the_longest_durations_and_soft_keywords_are_accepted() -> None:
     exec(compile(source, "jobs_gen.py", "exec"), namespace)
     generated = namespace["JArgs"](match=1, case="x", type=2, _=3)
     assert (generated.match, generated.type, generated._) == (1, 2, 3)
+
+
+def test_a_keyword_field_declared_in_python_is_refused_at_registration() -> None:
+    """The checker never sees a JobDecl made in Python: registering its handler says where
+    it was declared, instead of a dataclasses TypeError naming nothing."""
+    decl = JobDecl("J", "ns", fields=(Field("from", "int"),), source="app.py:7")
+    registry = atlantis.Registry([decl])
+    with pytest.raises(DeclarationError) as refused:
+        registry.register("ns.J", lambda ctx, args: None)
+    assert str(refused.value) == ("app.py:7: job ns.J: its fields cannot be attributes of an "
+                                  "args class: Field names must not be keywords: 'from'")
 
 
 #: id: (the .atl of an app, the line `tide db sync` ends with, after /srv/app/)
