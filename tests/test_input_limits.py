@@ -163,8 +163,11 @@ def test_a_keyword_field_declared_in_python_is_refused_at_registration() -> None
     registry = atlantis.Registry([decl])
     with pytest.raises(DeclarationError) as refused:
         registry.register("ns.J", lambda ctx, args: None)
-    assert str(refused.value) == ("app.py:7: job ns.J: its fields cannot be attributes of an "
-                                  "args class: Field names must not be keywords: 'from'")
+    assert str(refused.value) == PYTHON_DECL_REFUSAL
+
+
+PYTHON_DECL_REFUSAL = ("app.py:7: job ns.J: its fields cannot be attributes of an args class: "
+                       "Field names must not be keywords: 'from'")
 
 
 #: id: (the .atl of an app, the line `tide db sync` ends with, after /srv/app/)
@@ -489,7 +492,8 @@ def test_the_bad_input_table_quotes_these_messages() -> None:
               + [SUPERVISOR_DURATIONS["retention"][1]]
               + [TIDE_INTEGERS[c][1] for c in ("cancel", "priority", "list-limit", "logs-attempt")]
               + [PYTHON_INTEGERS[c][1] for c in ("cancel", "cancel-not-an-integer",
-                                                  "enqueue-priority")])
+                                                  "enqueue-priority")]
+              + [PYTHON_DECL_REFUSAL])
     missing = [m for m in quoted if m not in text]
     assert not missing, "docs/bad-input.md lacks:\n" + "\n".join(missing)
 
