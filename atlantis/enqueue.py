@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store.queries import Q
+from atlantis.units import int_problem
 
 UNKNOWN_JOB = "ATL01"
 INVALID_ARGS = "ATL02"
@@ -50,6 +51,7 @@ def _params(
 ) -> dict[str, Any]:
     if isinstance(delay, int | float):
         delay = timedelta(seconds=delay)
+    _check_priority(priority)
     return {
         "job": job,
         "args": [Jsonb(_encode(job, a), dumps=_as_is) for a in args_list],
@@ -58,6 +60,15 @@ def _params(
         "queue": queue,
         "delay": delay,
     }
+
+
+def _check_priority(priority: object) -> None:
+    """A priority is an ``int`` in the database (lower runs first); PostgreSQL would find no
+    enqueue function taking anything else, and say so in terms of the schema."""
+    if priority is not None:
+        problem = int_problem(priority, "int")
+        if problem is not None:
+            raise ValidationError(f"priority: {problem}")
 
 
 def _as_is(text: str) -> str:
@@ -243,6 +254,8 @@ def enqueue_many(
 ) -> list[int]:
     """Insert one row per args in one round trip; returns the ids in order.
 
+    ``priority`` (an ``int``) replaces the declared one for these jobs: lower runs first.
+
     A refused batch writes nothing (it is one statement) and leaves the caller's
     transaction usable: inside an open transaction a savepoint undoes the statement; with
     none open, the implicit transaction that held only this statement is rolled back.
@@ -270,7 +283,10 @@ def enqueue(
     priority: int | None = None,
     queue: str | None = None,
 ) -> int:
-    """Enqueue one job; returns its id. Visible to workers when the caller commits."""
+    """Enqueue one job; returns its id. Visible to workers when the caller commits.
+
+    ``priority`` (an ``int``) replaces the declared one for this job: lower runs first.
+    """
     return enqueue_many(
         conn, job, [args or {}], delay=delay, run_at=run_at, priority=priority, queue=queue
     )[0]

@@ -17,8 +17,9 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
+from atlantis.errors import JobNotFoundError, UniqueKeyTakenError, ValidationError
 from atlantis.store.queries import Q
+from atlantis.units import int_problem
 
 UNIQUE_KEY_TAKEN = "ATL03"
 NO_SUCH_JOB = "ATL04"
@@ -31,6 +32,18 @@ def _translate(exc: psycopg.Error) -> BaseException:
     if exc.sqlstate == UNIQUE_KEY_TAKEN:
         return UniqueKeyTakenError(message)
     return exc
+
+
+def _job_id(job_id: object) -> object:
+    """`job_id`, refused with a ValidationError naming it when no job can have it.
+
+    A job id is a ``bigint``: PostgreSQL would find no function taking anything else, and
+    say so in terms of the schema. An id in range that no job has is JobNotFoundError's.
+    """
+    problem = int_problem(job_id, "bigint")
+    if problem is not None:
+        raise ValidationError(f"job_id: {problem}")
+    return job_id
 
 
 def _call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
@@ -72,9 +85,10 @@ def cancel(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None)
     ``"cancelled"`` for a job that was waiting. ``"running"`` for a running one: its
     supervisor sets ``ctx.cancelled`` in the handler, stops the attempt after the cancel
     grace, and the job ends ``cancelled``. None when the job had finished already.
-    Raises :class:`~atlantis.JobNotFoundError` for an unknown id.
+    Raises :class:`~atlantis.JobNotFoundError` for an unknown id, and
+    :class:`~atlantis.ValidationError` for one no job can have (not a ``bigint``).
     """
-    state: str | None = _call(conn, Q.job_cancel, {"id": job_id, "by": by})
+    state: str | None = _call(conn, Q.job_cancel, {"id": _job_id(job_id), "by": by})
     return state
 
 
@@ -84,23 +98,24 @@ def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) 
     Clears its progress and last error, keeps its ``errors`` history. Returns the job's id,
     or None when it is in another state. Raises :class:`~atlantis.UniqueKeyTakenError`
     (naming the holder) when another waiting or running job holds its unique key, and
-    :class:`~atlantis.JobNotFoundError` for an unknown id.
+    :class:`~atlantis.JobNotFoundError` for an unknown id (ValidationError for one no job
+    can have, as :func:`cancel`).
     """
-    found: int | None = _call(conn, Q.job_retry, {"id": job_id, "by": by})
+    found: int | None = _call(conn, Q.job_retry, {"id": _job_id(job_id), "by": by})
     return found
 
 
 async def cancel_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
                        by: str | None = None) -> str | None:
     """The twin of :func:`cancel` for psycopg's ``AsyncConnection``."""
-    state: str | None = await _call_async(conn, Q.job_cancel, {"id": job_id, "by": by})
+    state: str | None = await _call_async(conn, Q.job_cancel, {"id": _job_id(job_id), "by": by})
     return state
 
 
 async def retry_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
                       by: str | None = None) -> int | None:
     """The twin of :func:`retry` for psycopg's ``AsyncConnection``."""
-    found: int | None = await _call_async(conn, Q.job_retry, {"id": job_id, "by": by})
+    found: int | None = await _call_async(conn, Q.job_retry, {"id": _job_id(job_id), "by": by})
     return found
 
 

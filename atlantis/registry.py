@@ -17,10 +17,21 @@ H = TypeVar("H", bound=Handler)
 
 
 def args_class(decl: JobDecl) -> type:
-    """A frozen dataclass with one attribute per declared field, built at run time."""
+    """A frozen dataclass with one attribute per declared field, built at run time.
+
+    The `.atl` checker refuses field names Python cannot take as attributes; a declaration
+    made in Python, which it never saw, is refused here, naming where it was declared.
+    """
     fields = [(f.name, Any, dataclasses.field(default=None)) for f in decl.fields]
     cls_name = f"{decl.name}Args"
-    return dataclasses.make_dataclass(cls_name, fields, frozen=True, kw_only=True)
+    try:
+        return dataclasses.make_dataclass(cls_name, fields, frozen=True, kw_only=True)
+    except (TypeError, ValueError) as exc:
+        where = f"{decl.source}: " if decl.source else ""
+        raise DeclarationError(
+            f"{where}job {decl.qualified_name}: its fields cannot be attributes of an args "
+            f"class: {exc}"
+        ) from None
 
 
 @dataclasses.dataclass

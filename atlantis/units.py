@@ -1,21 +1,35 @@
-"""Durations (`500ms`, `1h30m`) and sizes (`512MB`), parsed the same way everywhere.
+"""Durations (`500ms`, `1h30m`), sizes (`512MB`) and whole numbers, read the same way everywhere.
 
 Both parsers refuse what no setting can mean: negative, non-finite (``nan``, ``inf``,
-``1e999``) and absurdly large values, with a ValueError that names the text.
+``1e999``) and absurdly large values, with a ValueError that names the text. Every duration
+a user writes (``.atl`` modifiers, ``tide`` and ``atlantis-supervise`` options) is read
+here, so :data:`MAX_DURATION` is the one limit they all share. Whole numbers that go to
+the database as ``int`` (priorities, attempt numbers) or ``bigint`` (job ids) are checked
+against its ranges by :func:`int_problem` before they are sent: PostgreSQL would otherwise
+find no function taking the ``numeric`` psycopg sends for them.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import re
 from datetime import timedelta
 from decimal import Decimal
+from typing import SupportsIndex
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_HINT = "use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m"
-#: The longest duration accepted: what a ``timedelta`` holds (about 2.7 million years).
-MAX_DURATION = float(timedelta.max.days * 86_400)
+#: The longest duration accepted: 100 years (``36500d``). Durations end up added to and
+#: subtracted from PostgreSQL's ``now()`` (a lease's end, a deadline, a prune's cutoff, a
+#: stall threshold of three heartbeats), whose ``timestamptz`` reaches back only to 4713 BC;
+#: Python's ``datetime`` ends at year 9999 and a thread's wait at 292 years. A century keeps
+#: every such sum in range with room to spare, and is longer than any timeout, lease or
+#: retention means; a longer one would fail later, in the database, with a raw error.
+MAX_DURATION = 36_500 * 86_400.0
+#: How :data:`MAX_DURATION` is written in messages.
+MAX_TEXT = "36500d, 100 years"
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|KIB|K|MB|MIB|M|GB|GIB|G|TB|TIB|T)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -23,12 +37,20 @@ _SIZE_HINT = "use e.g. 512MB, 2GB"
 #: The largest size accepted: what a PostgreSQL ``bigint`` holds.
 MAX_SIZE = 2**63 - 1
 
+#: What PostgreSQL's integer types hold, by name.
+INT_RANGES = {"int": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
+
+
+class DurationTooLongError(ValueError):
+    """A well-formed duration longer than :data:`MAX_DURATION`."""
+
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``30s``, ``10m``, ``2h`` or ``1h30m``.
 
     A bare number means seconds. Raises ValueError naming the text for anything else, and
-    for negative, non-finite (``nan``, ``inf``, ``1e999``) or overlong durations.
+    for negative, non-finite (``nan``, ``inf``, ``1e999``) or overlong durations (a
+    DurationTooLongError, past :data:`MAX_DURATION`).
     """
     s = text.strip()
     if not s:
@@ -61,7 +83,7 @@ def _checked_duration(value: float, text: str) -> float:
     if value < 0:
         raise ValueError(f"negative duration {text!r}")
     if value > MAX_DURATION:
-        raise ValueError(f"duration {text!r} is too long (at most {MAX_DURATION:.0f}s)")
+        raise DurationTooLongError(f"duration {text!r} is too long (at most {MAX_TEXT})")
     return value + 0.0  # -0.0 reads as 0.0
 
 
@@ -118,3 +140,23 @@ def format_size(n: int) -> str:
             value = n / size
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
     return f"{n}B"
+
+
+def int_problem(value: object, kind: str) -> str | None:
+    """Why `value` cannot be sent as PostgreSQL's `kind` (``int`` or ``bigint``), or None."""
+    # An int, or what stands for one (numpy's integers); a bool is no number here.
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        return f"expected an integer, got {type(value).__name__}"
+    number = operator.index(value)
+    low, high = INT_RANGES[kind]
+    if number > high:
+        return f"{_short(number)} is out of range for {kind} (at most {high})"
+    if number < low:
+        return f"{_short(number)} is out of range for {kind} (at least {low})"
+    return None
+
+
+def _short(value: int) -> str:
+    """An integer as a message shows it: its first and last digits when it is very long."""
+    text = str(Decimal(value))  # str(int) refuses more than 4300 digits; Decimal does not
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} digits)"

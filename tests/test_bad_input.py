@@ -171,9 +171,9 @@ TIDE: dict[str, tuple[list[str], int, str]] = {
             "tide: --args is not JSON: NaN is not a JSON number"),
     "wrong-type": (["tests.Echo", "--args", '{"key": 1}'], 1,
                    "tide: job tests.Echo: field key: expected text, got number"),
-    "bad-delay": (["tests.Echo", "--args", '{"key": "x"}', "--delay", "nan"], 1,
-                  "tide: invalid duration 'nan': not a finite number (use e.g. 500ms, 30s, 10m, "
-                  "2h, 1d, 1h30m)"),
+    "bad-delay": (["tests.Echo", "--args", '{"key": "x"}', "--delay", "nan"], 2,
+                  "tide: Invalid value for --delay: invalid duration 'nan': not a finite number "
+                  "(use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m) (see `tide job enqueue --help`)"),
 }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import atlantis
-from atlantis.declarations import JobDecl, parse_atl
+from atlantis.declarations import Field, JobDecl, parse_atl
 from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError
 
@@ -292,10 +292,19 @@ def test_names_that_would_collide_are_refused() -> None:
         generate_module([decl, decl], "jobs.atl")
 
 
-@pytest.mark.parametrize("name", ["class", "from", "str", "Any", "dataclasses"])
+@pytest.mark.parametrize("name", ["str", "Any", "dataclasses"])
 def test_fields_that_cannot_be_attributes_are_refused(name: str) -> None:
-    with pytest.raises(DeclarationError, match=f"jobs.atl:1: field '{name}' of job ns.J"):
+    with pytest.raises(DeclarationError, match=f"jobs.atl:1:22: field '{name}' of job ns.J"):
         generate_module(decls(f"job J in ns {{ args {{ {name} int }} }}"), "jobs.atl")
+
+
+@pytest.mark.parametrize("name", ["class", "from"])
+def test_keyword_fields_the_checker_let_through_are_refused(name: str) -> None:
+    """The checker refuses them at file:line:col (tests/test_input_limits.py); declarations
+    made in Python, which it never saw, are still refused here."""
+    decl = JobDecl("J", "ns", fields=(Field(name, "int"),), source="jobs.atl:1")
+    with pytest.raises(DeclarationError, match=f"jobs.atl:1: field '{name}' of job ns.J"):
+        generate_module([decl], "jobs.atl")
 
 
 def test_parameters_never_shadow_what_enqueue_uses(

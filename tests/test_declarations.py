@@ -281,13 +281,13 @@ def test_keywords_are_only_keywords_where_expected() -> None:
     decl = one_job(
         """\
 job job in in {
-  args { args int, default text, not boolean, null int, retries int, job int }
+  args { args int, default text, unique boolean, null int, retries int, job int }
   unique (args, default)
 }
 """
     )
     assert decl.qualified_name == "in.job"
-    assert [f.name for f in decl.fields] == ["args", "default", "not", "null", "retries", "job"]
+    assert [f.name for f in decl.fields] == ["args", "default", "unique", "null", "retries", "job"]
     assert decl.unique == ("args", "default")
 
 

@@ -30,7 +30,7 @@ from atlantis.store.database import (
     resolve_url,
 )
 from atlantis.store.migrate import schema_problem
-from atlantis.units import format_duration, parse_duration
+from atlantis.units import format_duration, int_problem, parse_duration
 
 _Row = TypeVar("_Row")
 
@@ -149,6 +149,36 @@ def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
     """A queue nothing names (no declaration, job, pause or supervisor) is a typo: say so."""
     if queue is not None and not admin.queue_known(conn, queue):
         _fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
+
+
+class DatabaseInt(click.ParamType[int]):
+    """A whole number the database holds as ``kind`` (``int`` or ``bigint``), at least
+    ``low``: one out of range is a usage error naming the argument, never a database error
+    blamed on the schema."""
+
+    name = "integer"
+
+    def __init__(self, kind: str, *, low: int | None = None) -> None:
+        self.kind = kind
+        self.base: click.ParamType[int] = click.INT if low is None else click.IntRange(min=low)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        number: int = self.base.convert(value, param, ctx)
+        problem = int_problem(number, self.kind)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return number
+
+
+#: A job id (``bigint``); unknown ones in range are the command's to report.
+JOB_ID = DatabaseInt("bigint")
+#: A row count such as ``--limit`` (PostgreSQL's LIMIT is a ``bigint``).
+LIMIT = DatabaseInt("bigint", low=0)
+#: An attempt number (``int``).
+ATTEMPT = DatabaseInt("int", low=1)
+#: A job's priority (``int``).
+PRIORITY = DatabaseInt("int")
 
 
 def _duration(option: str, text: str) -> float:

@@ -16,8 +16,12 @@ import psycopg
 import atlantis
 from atlantis.cli import render
 from atlantis.cli.common import (
+    ATTEMPT,
     FOLLOW_GRACE,
     FOLLOW_INTERVAL,
+    JOB_ID,
+    LIMIT,
+    PRIORITY,
     _connect,
     _dump,
     _duration,
@@ -28,7 +32,7 @@ from atlantis.cli.common import (
 )
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
 from atlantis.store import admin
-from atlantis.units import format_duration, parse_duration
+from atlantis.units import format_duration
 
 # ---- job --------------------------------------------------------------------------------
 
@@ -38,7 +42,7 @@ def job() -> None:
 
 
 @job.command("status")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON document: every column, plus rate, eta_seconds, stalled, attempts.")
 @click.pass_context
@@ -56,7 +60,7 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
 
 
 @job.command("watch")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--interval", default="1s", show_default=True)
 @click.pass_context
 def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
@@ -81,7 +85,7 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
 @click.option("--queue", default=None)
 @click.option("--state", default=None, type=click.Choice(admin.STATES))
 @click.option("--stalled", is_flag=True, help="Only running jobs past their stall threshold.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=0))
+@click.option("--limit", default=50, show_default=True, type=LIMIT)
 @click.option("--json", "as_json", is_flag=True,
               help="Every column of each job, plus rate, eta_seconds and stalled.")
 @click.pass_context
@@ -103,8 +107,11 @@ def _no_constant(name: str) -> object:
 @job.command("enqueue")
 @click.argument("name")
 @click.option("--args", "args_json", default="{}", help="The arguments as a JSON object.")
-@click.option("--delay", default=None, help="Run no earlier than this from now (e.g. 10m).")
-@click.option("--priority", type=int, default=None)
+@click.option("--delay", default=None,
+              help="Run no earlier than this from now (e.g. 10m; at most 36500d).")
+@click.option("--priority", type=PRIORITY, default=None,
+              help="Lower runs first: among jobs ready in a queue, the lowest priority is "
+              "claimed first (default: the job's declared priority, 0 unless set).")
 @click.option("--queue", default=None)
 @click.pass_context
 def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None,
@@ -117,10 +124,7 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
         _fail(f"--args is not JSON: {exc}")
     if not isinstance(args, dict):
         _fail("--args must be a JSON object")
-    try:
-        seconds = parse_duration(delay) if delay else None
-    except ValueError as exc:
-        _fail(str(exc))
+    seconds = _duration("--delay", delay) if delay else None
     with _connect(ctx, autocommit=False) as conn:
         try:
             job_id = atlantis.enqueue(conn, name, args, delay=seconds, priority=priority, queue=queue)
@@ -135,7 +139,7 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
 
 
 @job.command("retry")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.pass_context
 def job_retry(ctx: click.Context, job_id: int) -> None:
     """Put a dead or cancelled job back to available with a fresh attempt budget."""
@@ -151,7 +155,7 @@ def job_retry(ctx: click.Context, job_id: int) -> None:
 
 
 @job.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.pass_context
 def job_cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a waiting job; a running attempt is told, then stopped after the grace."""
@@ -170,8 +174,8 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
 
 
 @job.command("logs")
-@click.argument("job_id", type=int)
-@click.option("--attempt", type=click.IntRange(min=1), default=None,
+@click.argument("job_id", type=JOB_ID)
+@click.option("--attempt", type=ATTEMPT, default=None,
               help="Which attempt (default: the running one, else the latest with output).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the attempt ends.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")

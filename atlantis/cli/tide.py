@@ -2,9 +2,11 @@
 
 Exit codes: 0 done; 1 for what went wrong at run time (an unknown id, job or queue, a
 refused change, a database that cannot be reached or an atlantis schema that is missing);
-2 for bad usage: bad options, an app that cannot be loaded, a ``.atl`` file with errors, or
-a ``--database-url`` (or ``ATLANTIS_DATABASE_URL``) that libpq cannot parse. Every failure
-is one line on stderr, without a traceback, and no password ever appears in it.
+2 for bad usage: bad options, an app that cannot be loaded, a ``.atl`` file with errors (or
+one ``tide gen`` cannot read), or a ``--database-url`` (or ``ATLANTIS_DATABASE_URL``) that
+libpq cannot parse. A ``tide gen`` output that cannot be written (or, with ``--check``,
+read) is a run-time failure: 1. Every failure is one line on stderr, without a traceback,
+and no password ever appears in it.
 
 Changes (cancel, retry, pause, resume, prune) go through the SQL functions every path
 shares (:mod:`atlantis.operations`); tide records the OS user as who made them.
@@ -21,6 +23,7 @@ from atlantis.app import load_app
 from atlantis.cli import render
 from atlantis.cli.common import (
     ENV_TIMEOUT,
+    LIMIT,
     _check_queue,
     _connect,
     _dump,
@@ -67,7 +70,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option("--queue", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=0))
+@click.option("--limit", default=50, show_default=True, type=LIMIT)
 @click.option("--json", "as_json", is_flag=True,
               help="Every column of each job (args, errors, ...), plus computed fields.")
 @click.pass_context
@@ -191,17 +194,25 @@ def gen(source: Path, output: Path, check: bool) -> None:
 
     try:
         decls = parse_atl_file(source)
+        text = generate_module(decls, source.name)
     except OSError as exc:
-        _fail(f"cannot read {source}: {exc.strerror}", code=2)
+        _fail(f"cannot read {source}: {exc.strerror or exc}", code=2)
     except AtlantisError as exc:
         _fail(str(exc), code=2)
-    text = generate_module(decls, source.name)
     if check:
-        current = output.read_text("utf-8") if output.exists() else None
+        try:
+            current = output.read_text("utf-8") if output.exists() else None
+        except UnicodeDecodeError:
+            current = None  # not what gen writes: stale
+        except OSError as exc:
+            _fail(f"cannot read {output}: {exc.strerror or exc}")
         if current != text:
             _fail(f"{output} is stale; run: tide gen {source} -o {output}")
         return
-    output.write_text(text, "utf-8")
+    try:
+        output.write_text(text, "utf-8")
+    except OSError as exc:
+        _fail(f"cannot write {output}: {exc.strerror or exc}")
     click.echo(f"wrote {output}", err=True)
 
 

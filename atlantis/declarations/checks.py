@@ -2,13 +2,15 @@
 
 The syntax walk (``parser.py``) hands over raw blocks that keep their tokens; this module
 refuses what the grammar let through (unknown types, repeated jobs, fields and modifiers,
-defaults that do not fit their type, values out of range) and builds the JobDecls. Each
-refusal names the token at fault as ``file:line:column: what is wrong``.
+defaults that do not fit their type, values out of range, field names Python cannot take as
+attributes, strings PostgreSQL cannot store) and builds the JobDecls. Each refusal names
+the token at fault as ``file:line:column: what is wrong``.
 """
 
 from __future__ import annotations
 
 import json
+import keyword
 import math
 import re
 import uuid
@@ -42,7 +44,7 @@ from atlantis.declarations.raw import (
     subtrees,
     tokens,
 )
-from atlantis.units import parse_duration
+from atlantis.units import INT_RANGES, MAX_TEXT, DurationTooLongError, parse_duration
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "TYPES", "check_file"]
 
@@ -58,14 +60,14 @@ MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 4000
 _READABLE_DEPTH = 200
 
-_INT_RANGES = {"int": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
 _STRING_TYPES = frozenset({"text", "varchar", "uuid", "timestamptz", "date"})
 # PostgreSQL's own ceiling for varchar(n).
 _MAX_VARCHAR = 10_485_760
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = INT_RANGES["int"][1]
 _MAX_DOUBLE = Decimal("1.7976931348623157e308")
 
 _WHOLE = re.compile(r"-?[0-9]+")
+_SURROGATE_PAIR = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _BARE_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 _STRING_FORMATS = {
@@ -207,6 +209,7 @@ class _Checker:
         return tuple(fields)
 
     def field(self, raw: RawField) -> Field:
+        self.field_name(raw.name)
         base, length, array = self.type(raw.type)
         not_null: lark.Token | None = None
         default: Tree | None = None
@@ -222,6 +225,7 @@ class _Checker:
         value = None
         if default is not None:
             value = self.default(default, base, length, array, not_null is not None)
+        line, column = position(raw.name)
         return Field(
             name=str(raw.name),
             type=base,
@@ -230,7 +234,23 @@ class _Checker:
             not_null=not_null is not None,
             has_default=default is not None,
             default=value,
+            source=f"{self.filename}:{line}:{column}",
         )
+
+    def field_name(self, name: lark.Token) -> None:
+        """Handlers get each field as an attribute of an args class (built at run time, or
+        by `tide gen`), so Python must take the name as one.
+
+        Soft keywords (``match``, ``case``, ``type``, ``_``) are ordinary names there and
+        stay allowed; names that only clash with what a generated module refers to are
+        refused by `tide gen`, which alone is concerned.
+        """
+        if keyword.iskeyword(name):
+            self.fail(name, f"field name '{name}' is a Python keyword, and handlers get each "
+                      "field as an attribute of that name; rename the field")
+        if name.startswith("__"):
+            self.fail(name, f"field name '{name}' starts with '__', which Python keeps for its "
+                      "own attributes (and mangles in a class body); rename the field")
 
     def type(self, raw: RawType) -> tuple[str, int | None, bool]:
         base = raw.base
@@ -273,6 +293,8 @@ class _Checker:
             )
         try:
             seconds = parse_duration(str(token))
+        except DurationTooLongError:
+            self.fail(token, f"{what} {self.written(token)} is too long (at most {MAX_TEXT})")
         except ValueError:
             self.fail(
                 token,
@@ -290,6 +312,18 @@ class _Checker:
             what = f"invalid string {self.written(token)}: {exc.msg}"
             raise error(self.filename, line, column + exc.pos, what) from None
         assert isinstance(value, str)
+        if "\x00" not in value and value.isascii():
+            return value
+        for index, char in enumerate(value):
+            if char == "\x00":
+                what = "a NUL character (\\u0000), which PostgreSQL cannot store"
+            elif "\ud800" <= char <= "\udfff":
+                what = f"a lone surrogate (\\u{ord(char):04x}), which is not valid Unicode"
+            else:
+                continue
+            line, column = position(token)
+            where = column + _source_offset(str(token), index)
+            raise error(self.filename, line, where, f"string {self.written(token)} holds {what}")
         return value
 
     def literal(self, tree: Tree) -> Any:
@@ -378,10 +412,10 @@ class _Checker:
                     datetime.fromisoformat(value)
             except ValueError:
                 mismatch(_STRING_FORMATS[base])
-        elif base in _INT_RANGES:
+        elif base in INT_RANGES:
             if isinstance(value, bool) or not isinstance(value, int):
                 mismatch("an integer")
-            low, high = _INT_RANGES[base]
+            low, high = INT_RANGES[base]
             if not low <= value <= high:
                 self.fail(tree, f"{what} {shown} is out of range for {type_name}")
         elif base == "boolean":
@@ -411,6 +445,21 @@ class _Checker:
                     f"{what} {shown} cannot be stored exactly (a numeric default with a "
                     "fraction or an exponent keeps at most 15 significant digits)",
                 )
+
+
+def _source_offset(quoted: str, index: int) -> int:
+    """Where, in a string literal as written, the character `index` of its value starts."""
+    i = 1  # past the opening quote
+    for _ in range(index):
+        if quoted[i] != "\\":
+            i += 1
+        elif quoted[i + 1] != "u":
+            i += 2
+        elif _SURROGATE_PAIR.match(quoted, i):
+            i += 12  # one character written as two escapes
+        else:
+            i += 6
+    return i
 
 
 def _depth(tree: Tree) -> int:

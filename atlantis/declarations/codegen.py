@@ -146,8 +146,8 @@ def _check_fields(decl: JobDecl) -> None:
     for f in decl.fields:
         if keyword.iskeyword(f.name) or f.name in reserved:
             raise DeclarationError(
-                f"{decl.source}: field {f.name!r} of job {decl.qualified_name} cannot be an "
-                "attribute of the generated args class; rename the field"
+                f"{f.source or decl.source}: field {f.name!r} of job {decl.qualified_name} "
+                "cannot be an attribute of the generated args class; rename the field"
             )
 
 

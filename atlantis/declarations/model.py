@@ -34,6 +34,7 @@ class Field:
     not_null: bool = False
     has_default: bool = False
     default: Any = None  # a JSON value
+    source: str = field(default="", compare=False)  # "file:line:column" of its name
 
     @property
     def type_name(self) -> str:
