@@ -186,7 +186,7 @@ class Pool:
         if child is None:
             return False
         child.state = "busy"
-        child.label = Label(a.job_id, a.attempt, a.queue)
+        child.label = Label(a.job_id, a.attempt, a.queue, a.run)
         child.output.begin(child.label)
         a.child = child
         a.child_pid = child.pid or None
