@@ -71,12 +71,12 @@ class JobRow:
     retried_by: str | None
     retried_at: datetime | None
     progress_history: list[dict[str, Any]]
-    stall_after: float
-    stalled: bool
-    db_now: datetime
     run: int
     """1 for a new job, one more after each retry; ``attempt`` counts from 1 again in each
     run (a retry gives a fresh budget)."""
+    stall_after: float
+    stalled: bool
+    db_now: datetime
 
     @property
     def finished(self) -> bool:
