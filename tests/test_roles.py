@@ -393,12 +393,12 @@ def test_a_worker_fires_schedules_and_prunes_finished_jobs(
 def test_a_worker_refuses_a_schema_that_is_behind(
         db: psycopg.Connection[Any], login: Callable[[str], str], supervise: Any) -> None:
     url = login("atlantis_worker")
-    latest = migrations()[-1][0]
+    (previous, _, _), (latest, _, _) = migrations()[-2:]  # versions may have gaps
     db.execute("DELETE FROM atlantis.schema_migrations WHERE version = %s", (latest,))
     sup = supervise(database_url=url)
     assert sup.wait(30) == 2
     lines = sup.log().strip().splitlines()
-    assert lines[-1] == (f"atlantis-supervise: the atlantis schema is at version {latest - 1}, "
+    assert lines[-1] == (f"atlantis-supervise: the atlantis schema is at version {previous}, "
                          f"this atlantis needs {latest}; run `tide db migrate` as its owner")
     assert len(lines) == 2 and lines[0].startswith("atlantis: using database"), lines
 
