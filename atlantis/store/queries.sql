@@ -125,10 +125,10 @@ WITH r AS (
                                         || coalesce(j.cancelled_by, 'an operator'),
                                         'by', j.cancelled_by))
                 ELSE r.error || jsonb_build_object('run', j.run) END AS err,
-           jsonb_strip_nulls(jsonb_build_object(
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object(
                'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
                'message', 'cancelled by ' || coalesce(j.cancelled_by, 'an operator'),
-               'by', j.cancelled_by)) AS cancel_error
+               'by', j.cancelled_by)) END AS cancel_error
       -- Row by row through the primary key, whatever the planner thinks of the JSON's size:
       -- joined the other way, every running row of this worker met every result (the
       -- rows of a backlog of results are still running: a batch cost grew with the backlog).
