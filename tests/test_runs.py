@@ -259,3 +259,18 @@ def test_who_cancelled_is_named_however_the_job_ends(db: psycopg.Connection[Any]
             "cancelled", f"cancelled by {role}", role), mode
         assert last["run"] == 1, mode
     assert [e["kind"] for e in job_row(db, ids["raise"])["errors"]] == ["exception", "cancelled"]
+
+
+def test_a_cancelled_row_given_back_unrun_names_who_cancelled(db: psycopg.Connection[Any]) -> None:
+    """A claim whose answer was lost (no child ever ran the row) while the job was cancelled:
+    release_orphans ends it cancelled, saying who, as every other way does."""
+    worker = "host-a:4242:0badc0de"
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "orphan"})
+    assert len(db.execute(Q.claim, {"queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1,
+                                    "worker": worker}).fetchall()) == 1
+    assert atlantis.cancel(db, job_id, by="carol") == "running"
+    assert db.execute(Q.release_orphans, {"worker": worker, "known": []}).fetchall() == [(job_id,)]
+    row = job_row(db, job_id)
+    assert (row["state"], row["attempt"], row["last_error"]) == ("cancelled", 0, "cancelled by carol")
+    (entry,) = row["errors"]
+    assert (entry["run"], entry["kind"], entry["by"]) == (1, "cancelled", "carol")
