@@ -175,34 +175,55 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
 
 @job.command("logs")
 @click.argument("job_id", type=JOB_ID)
+@click.option("--run", "run", type=ATTEMPT, default=None,
+              help="Which run: 1, then one more after each retry (default: the latest).")
 @click.option("--attempt", type=ATTEMPT, default=None,
-              help="Which attempt (default: the running one, else the latest with output).")
+              help="Which attempt of the run (default: the running one, else the latest with "
+                   "output).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the attempt ends.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
-def job_logs(ctx: click.Context, job_id: int, attempt: int | None, follow: bool,
-             as_json: bool) -> None:
-    """What an attempt wrote to its stdout and stderr."""
+def job_logs(ctx: click.Context, job_id: int, run: int | None, attempt: int | None,
+             follow: bool, as_json: bool) -> None:
+    """What an attempt wrote to its stdout and stderr.
+
+    A retry starts the job's next run, whose attempts count from 1 again; one attempt of one
+    run is shown, by default of the latest run. For a job retried at least once, which run
+    and attempt is said on stderr.
+    """
     with _connect(ctx, deadline=not follow) as conn:
         row = _get_job(conn, job_id)
-        latest = admin.latest_log_attempt(conn, job_id)
+        if run is None:
+            run = row.run
+        elif run > row.run:
+            _fail(f"job {job_id} has no run {run} (it has had {row.run})")
+        current = run == row.run
         if attempt is None:
-            attempt = row.attempt if row.running else latest
+            attempt = (row.attempt if current and row.running
+                       else admin.latest_log_attempt(conn, job_id, run=run))
             if attempt is None:
-                click.echo(f"tide: job {job_id} has no log lines", err=True)
+                what = f"job {job_id}" if row.run == 1 else f"run {run} of job {job_id}"
+                click.echo(f"tide: {what} has no log lines", err=True)
                 return
         else:
-            known = max([row.attempt, latest or 0]
-                        + [a.attempt for a in admin.job_attempts(conn, job_id)])
+            known = admin.run_attempts(conn, job_id, run)
+            if current:
+                known = max(known, row.attempt)
             if attempt > known:
-                _fail(f"job {job_id} has no attempt {attempt} (it has had {known})")
-        printed = _follow(conn, job_id, attempt, follow=follow, as_json=as_json)
+                where = "" if row.run == 1 else f" in run {run}"
+                _fail(f"job {job_id} has no attempt {attempt}{where} (it has had {known})")
+        which = (f"attempt {attempt} of job {job_id}" if row.run == 1
+                 else f"run {run} attempt {attempt} of job {job_id}")
+        if row.run > 1 and not as_json:
+            click.echo(f"tide: {which} (it has had {row.run} runs; --run picks another)",
+                       err=True)
+        printed = _follow(conn, job_id, run, attempt, follow=follow, as_json=as_json)
     if not printed:
-        click.echo(f"tide: attempt {attempt} of job {job_id} has no log lines", err=True)
+        click.echo(f"tide: {which} has no log lines", err=True)
 
 
-def _follow(conn: psycopg.Connection[Any], job_id: int, attempt: int, *, follow: bool,
-            as_json: bool) -> int:
+def _follow(conn: psycopg.Connection[Any], job_id: int, run: int, attempt: int, *,
+            follow: bool, as_json: bool) -> int:
     """Print the attempt's lines; with ``follow``, keep polling until the attempt has ended
     and its last lines are in. Returns how many lines were printed."""
     after = 0
@@ -211,9 +232,9 @@ def _follow(conn: psycopg.Connection[Any], job_id: int, attempt: int, *, follow:
     while True:
         # Whether it still runs is read before the lines: what it wrote before ending is
         # then among them (or among those of the grace after the end).
-        live = follow and _attempt_running(conn, job_id, attempt)
+        live = follow and _attempt_running(conn, job_id, run, attempt)
         while True:
-            lines = admin.log_lines(conn, job_id, attempt, after=after)
+            lines = admin.log_lines(conn, job_id, attempt, run=run, after=after)
             for line in lines:
                 click.echo(_log_text(job_id, line, as_json))
             if lines:
@@ -233,14 +254,14 @@ def _follow(conn: psycopg.Connection[Any], job_id: int, attempt: int, *, follow:
         time.sleep(FOLLOW_INTERVAL)
 
 
-def _attempt_running(conn: psycopg.Connection[Any], job_id: int, attempt: int) -> bool:
+def _attempt_running(conn: psycopg.Connection[Any], job_id: int, run: int, attempt: int) -> bool:
     row = admin.get_job(conn, job_id)
-    return row is not None and row.running and row.attempt == attempt
+    return row is not None and row.running and row.run == run and row.attempt == attempt
 
 
 def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
     if as_json:
-        doc = {"id": line.id, "job_id": job_id, "attempt": line.attempt,
+        doc = {"id": line.id, "job_id": job_id, "run": line.run, "attempt": line.attempt,
                "at": line.at.isoformat(), "stream": line.stream, "line": line.line}
         return orjson.dumps(doc).decode()
     stamp = line.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

@@ -149,7 +149,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
     flags = ""
     if job.stalled:
         flags = "  " + click.style("STALLED", fg="red", bold=True)
-    add("state", f"{state}  attempt {job.attempt}/{job.max_attempts}{flags}")
+    run = f"run {job.run}, " if job.run > 1 else ""
+    add("state", f"{state}  {run}attempt {job.attempt}/{job.max_attempts}{flags}")
     if job.progress_pct is not None or job.progress_msg:
         msg = f"  {safe(job.progress_msg)}" if job.progress_msg else ""
         add("progress", f"{progress_bar(job.progress_pct)}{msg}  ({relative(job.progress_at, now)})")
@@ -207,8 +208,15 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
 
 
 def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:
-    """The timeline: one line per ended attempt, then the running one."""
+    """The timeline: one line per ended attempt, then the running one. Once the job has been
+    retried, each line names its run too (``run 2 #1``): attempts count from 1 again in each
+    run."""
     now = job.db_now
+    runs = job.run > 1 or any(a.run > 1 for a in attempts)
+
+    def number(run: int, attempt: int) -> str:
+        return f"run {run} #{attempt}" if runs else f"#{attempt}"
+
     out = []
     for a in attempts:
         ran = "-"
@@ -225,10 +233,10 @@ def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:
         if a.log_dropped:
             logs += f" ({a.log_dropped} dropped)"
         started = relative(a.started_at, now) if a.started_at else "-"
-        out.append(f"#{a.attempt}  started {started}, ran {ran}  "
+        out.append(f"{number(a.run, a.attempt)}  started {started}, ran {ran}  "
                    f"{click.style(outcome, fg=_outcome_fg(a.outcome))}  {where}{logs}")
     if job.running:
-        out.append(f"#{job.attempt}  started {relative(job.started_at, now)}, running  "
+        out.append(f"{number(job.run, job.attempt)}  started {relative(job.started_at, now)}, running  "
                    f"{holder_text(job.claimed_by)}")
     return out
 

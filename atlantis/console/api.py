@@ -84,30 +84,40 @@ async def job(request: Request) -> Response:
 
 
 def read_logs(conn: psycopg.Connection[Any], job_id: int, attempt: int | None,
-              after: int, limit: int) -> dict[str, Any] | None:
+              after: int, limit: int, run: int | None = None) -> dict[str, Any] | None:
+    """Lines of one attempt, (``run``, ``attempt``): by default the job's latest run (a
+    retry starts the next one, whose attempts count from 1 again), and in it the attempt
+    that wrote the newest line, else the job's current one."""
     row = admin.get_job(conn, job_id)
     if row is None:
         return None
+    if run is None:
+        run = row.run
     if attempt is None:
-        attempt = admin.latest_log_attempt(conn, job_id) or max(row.attempt, 1)
+        current = row.attempt if run == row.run else 0
+        attempt = admin.latest_log_attempt(conn, job_id, run=run) or max(current, 1)
     if after > 0:
-        lines = [log_doc(ln) for ln in admin.log_lines(conn, job_id, attempt, after=after,
-                                                       limit=limit)]
+        lines = [log_doc(ln) for ln in admin.log_lines(conn, job_id, attempt, run=run,
+                                                       after=after, limit=limit)]
     else:
-        lines = [log_doc(ln) for ln in store.log_tail(conn, job_id, attempt, limit=limit)]
+        lines = [log_doc(ln) for ln in store.log_tail(conn, job_id, attempt, run=run,
+                                                      limit=limit)]
     last = lines[-1]["id"] if lines else after
-    return {"job_id": job_id, "attempt": attempt, "lines": lines, "next_after": last}
+    return {"job_id": job_id, "run": run, "attempt": attempt, "lines": lines,
+            "next_after": last}
 
 
 @handle
 async def logs(request: Request) -> Response:
     require_read(request)
     job_id = _job_id(request)
+    run = _int(request.query_params.get("run"), "run", low=1, maximum=INT_MAX)
     attempt = _int(request.query_params.get("attempt"), "attempt", low=1, maximum=INT_MAX)
     after = _int(request.query_params.get("after"), "after", default=0, low=0)
     limit = _int(request.query_params.get("limit"), "limit", default=200, low=1, high=5000)
     assert after is not None and limit is not None
-    doc = await db_of(request).run(lambda conn: read_logs(conn, job_id, attempt, after, limit))
+    doc = await db_of(request).run(lambda conn: read_logs(conn, job_id, attempt, after, limit,
+                                                          run))
     if doc is None:
         return error(404, f"no job with id {job_id}")
     return json(doc)

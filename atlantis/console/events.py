@@ -249,8 +249,8 @@ class Broker:
 
 
 def log_doc(line: store.ConsoleLogLine | admin.LogLine) -> dict[str, Any]:
-    return {"id": line.id, "attempt": line.attempt, "at": line.at, "stream": line.stream,
-            "line": line.line}
+    return {"id": line.id, "run": line.run, "attempt": line.attempt, "at": line.at,
+            "stream": line.stream, "line": line.line}
 
 
 def _logs_since(conn: psycopg.Connection[Any], *, ids: list[int],

@@ -71,6 +71,9 @@ class JobRow:
     retried_by: str | None
     retried_at: datetime | None
     progress_history: list[dict[str, Any]]
+    run: int
+    """1 for a new job, one more after each retry; ``attempt`` counts from 1 again in each
+    run (a retry gives a fresh budget)."""
     stall_after: float
     stalled: bool
     db_now: datetime
@@ -126,9 +129,11 @@ JobSummary = JobRow
 
 @dataclass(frozen=True, slots=True)
 class AttemptRow:
-    """One ended attempt of a job (``atlantis.attempts``): the timeline."""
+    """One ended attempt of a job (``atlantis.attempts``): the timeline. ``run`` is the job's
+    run it belongs to (attempts count from 1 again after each retry)."""
 
     id: int
+    run: int
     attempt: int
     worker: str | None
     host: str | None
@@ -144,9 +149,11 @@ class AttemptRow:
 
 @dataclass(frozen=True, slots=True)
 class LogLine:
-    """One line an attempt wrote to its stdout or stderr (``atlantis.logs``)."""
+    """One line an attempt, (``run``, ``attempt``), wrote to its stdout or stderr
+    (``atlantis.logs``)."""
 
     id: int
+    run: int
     attempt: int
     at: datetime
     stream: str
@@ -229,7 +236,13 @@ class _Known:
 
 @dataclass(frozen=True, slots=True)
 class _Attempt:
+    run: int
     attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempts:
+    attempts: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,17 +353,34 @@ def prune(conn: Conn, older_than: float, states: list[str], *, batch: int = 1000
             return total
 
 
-def log_lines(conn: Conn, job_id: int, attempt: int, *, after: int = 0,
+def log_lines(conn: Conn, job_id: int, attempt: int, *, run: int, after: int = 0,
               limit: int = 1000) -> list[LogLine]:
-    """Up to ``limit`` lines of one attempt written after line id ``after``, in order."""
-    return _all(conn, LogLine, Q.job_log_lines,
-                {"job_id": job_id, "attempt": attempt, "after": after, "limit": limit})
+    """Up to ``limit`` lines of attempt ``attempt`` of run ``run`` written after line id
+    ``after``, in order."""
+    return _all(conn, LogLine, Q.job_log_lines, {"job_id": job_id, "run": run,
+                                                 "attempt": attempt, "after": after,
+                                                 "limit": limit})
 
 
-def latest_log_attempt(conn: Conn, job_id: int) -> int | None:
-    """The attempt that wrote the job's newest log line, or None when it has none."""
-    hit = _one(conn, _Attempt, Q.job_log_attempt, {"job_id": job_id})
-    return None if hit is None else hit.attempt
+def latest_log(conn: Conn, job_id: int, *, run: int | None = None) -> tuple[int, int] | None:
+    """(run, attempt) of the attempt that wrote the job's newest log line (in run ``run``
+    when given), or None when it has none."""
+    hit = _one(conn, _Attempt, Q.job_log_attempt, {"job_id": job_id, "run": run})
+    return None if hit is None else (hit.run, hit.attempt)
+
+
+def latest_log_attempt(conn: Conn, job_id: int, *, run: int | None = None) -> int | None:
+    """The attempt that wrote the job's newest log line (in run ``run`` when given), or
+    None when it has none."""
+    hit = latest_log(conn, job_id, run=run)
+    return None if hit is None else hit[1]
+
+
+def run_attempts(conn: Conn, job_id: int, run: int) -> int:
+    """How many attempts run ``run`` of a job has had by its timeline and logs (0: none;
+    the running attempt is the job row's)."""
+    hit = _one(conn, _Attempts, Q.job_run_attempts, {"job_id": job_id, "run": run})
+    return 0 if hit is None or hit.attempts is None else hit.attempts
 
 
 #: Counts by queue and state are exact up to this many rows; above, the planner's estimate.

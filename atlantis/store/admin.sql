@@ -29,8 +29,9 @@ SELECT * FROM atlantis.job_rows
  LIMIT %(limit)s
 
 -- name: job_attempts
--- The timeline: every attempt of a job that ended, oldest first.
-SELECT id, attempt, worker, host, pid, child_pid, started_at, finished_at, outcome, error_kind,
+-- The timeline: every attempt of a job that ended, oldest first, with its run (1, then one
+-- more after each retry: attempts count from 1 again in each run).
+SELECT id, run, attempt, worker, host, pid, child_pid, started_at, finished_at, outcome, error_kind,
        log_lines, log_dropped
   FROM atlantis.attempts WHERE job_id = %(job_id)s ORDER BY id
 
@@ -54,16 +55,27 @@ SELECT atlantis.resume(%(queue)s, coalesce(%(by)s::text, current_user::text)) AS
 SELECT atlantis.prune(%(older_than)s::interval, %(states)s::text[], %(batch)s) AS deleted
 
 -- name: job_log_lines
--- One attempt's output after line `after` (ids grow as lines are written).
-SELECT id, attempt, at, stream, line
+-- One attempt's output after line `after` (ids grow as lines are written); an attempt is
+-- (run, attempt).
+SELECT id, run, attempt, at, stream, line
   FROM atlantis.logs
- WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND id > %(after)s
+ WHERE job_id = %(job_id)s AND run = %(run)s AND attempt = %(attempt)s AND id > %(after)s
  ORDER BY id
  LIMIT %(limit)s
 
 -- name: job_log_attempt
--- The attempt that wrote a job's newest log line.
-SELECT attempt FROM atlantis.logs WHERE job_id = %(job_id)s ORDER BY id DESC LIMIT 1
+-- The attempt that wrote a job's newest log line, of run `run` when given, and its run.
+SELECT run, attempt FROM atlantis.logs
+ WHERE job_id = %(job_id)s AND (%(run)s::int IS NULL OR run = %(run)s)
+ ORDER BY id DESC LIMIT 1
+
+-- name: job_run_attempts
+-- How many attempts run `run` of a job has had, by its timeline and its log lines (the
+-- running attempt is the job row's).
+SELECT greatest((SELECT max(a.attempt) FROM atlantis.attempts a
+                  WHERE a.job_id = %(job_id)s AND a.run = %(run)s),
+                (SELECT max(l.attempt) FROM atlantis.logs l
+                  WHERE l.job_id = %(job_id)s AND l.run = %(run)s)) AS attempts
 
 -- name: queue_stats
 -- Every queue anything names (declarations, jobs, an operator's pause, a live supervisor),

@@ -76,6 +76,7 @@ class ConsoleLogLine:
 
     id: int
     job_id: int
+    run: int
     attempt: int
     at: datetime
     stream: str
@@ -196,10 +197,12 @@ def logs_since(conn: Conn, ids: list[int], after: int, *,
         Q.console_logs_since, {"ids": ids, "after": after, "limit": limit}).fetchall()
 
 
-def log_tail(conn: Conn, job_id: int, attempt: int, *, limit: int = 200) -> list[ConsoleLogLine]:
-    """The newest ``limit`` lines of one attempt, oldest first."""
+def log_tail(conn: Conn, job_id: int, attempt: int, *, run: int,
+             limit: int = 200) -> list[ConsoleLogLine]:
+    """The newest ``limit`` lines of attempt ``attempt`` of run ``run``, oldest first."""
     rows = conn.cursor(row_factory=class_row(ConsoleLogLine)).execute(
-        Q.console_log_tail, {"job_id": job_id, "attempt": attempt, "limit": limit}).fetchall()
+        Q.console_log_tail, {"job_id": job_id, "run": run, "attempt": attempt,
+                             "limit": limit}).fetchall()
     rows.reverse()
     return rows
 

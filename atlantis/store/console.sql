@@ -81,17 +81,18 @@ SELECT coalesce((SELECT c.reltuples::bigint FROM pg_class c
 -- name: console_logs_since
 -- The log lines written after line id `after` by any of the jobs in `ids` (the jobs whose
 -- pages are open), in order, at most `limit`: one statement for every open page.
-SELECT id, job_id, attempt, at, stream, line
+SELECT id, job_id, run, attempt, at, stream, line
   FROM atlantis.logs
  WHERE job_id = ANY(%(ids)s::bigint[]) AND id > %(after)s
  ORDER BY id
  LIMIT %(limit)s
 
 -- name: console_log_tail
--- The newest `limit` lines of one attempt (oldest first once reversed by the caller).
-SELECT id, job_id, attempt, at, stream, line
+-- The newest `limit` lines of one attempt, (run, attempt) (oldest first once reversed by
+-- the caller).
+SELECT id, job_id, run, attempt, at, stream, line
   FROM atlantis.logs
- WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+ WHERE job_id = %(job_id)s AND run = %(run)s AND attempt = %(attempt)s
  ORDER BY id DESC
  LIMIT %(limit)s
 

@@ -29,6 +29,9 @@ class ClaimedRow:
     heartbeat: float
     backoff: float
     deadline: datetime
+    run: int = 1
+    """The job's run (1, then one more after each retry): with ``attempt``, which attempt
+    this is; every write made for it is fenced on both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class AttemptStateRow:
     state: str
     attempt: int
     claimed_by: str | None
+    run: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,7 @@ class Renewal:
     job_id: int
     attempt: int
     progress: Progress | None
+    run: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +96,14 @@ class Result:
     child_pid: int | None = None
     log_lines: int = 0
     log_dropped: int = 0
+    run: int = 1
+    """The run of the attempt (``ClaimedRow.run``): the write is fenced on it."""
 
 
 def touch_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
     return {
         "ids": [r.job_id for r in batch],
+        "runs": [r.run for r in batch],
         "attempts": [r.attempt for r in batch],
         "has_progress": [r.progress is not None for r in batch],
         "pcts": [r.progress.pct if r.progress else None for r in batch],
@@ -110,7 +118,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
     and it refuses lone surrogates rather than writing invalid JSON: TypeError)."""
     return {
         "results": orjson.dumps([{
-            "id": r.job_id, "attempt": r.attempt, "state": r.state, "spent": r.spent,
+            "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,
             "delay": r.delay, "error": r.error, "has_progress": r.progress is not None,
             "pct": r.progress.pct if r.progress else None,
             "msg": r.progress.msg if r.progress else None,

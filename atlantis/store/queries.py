@@ -45,6 +45,7 @@ class Queries:
     operator_prune: LiteralString
     job_log_lines: LiteralString
     job_log_attempt: LiteralString
+    job_run_attempts: LiteralString
     queue_served: LiteralString
     schedule_now: LiteralString
     schedule_fire: LiteralString

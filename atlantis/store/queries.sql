@@ -1,6 +1,7 @@
 -- Every statement atlantis runs at run time, by name. Loaded by atlantis/store/queries.py.
--- Writes made for an attempt after its claim are fenced on (id, attempt, claimed_by) and on
--- the row still running under a lease that has not expired.
+-- Writes made for an attempt after its claim are fenced on (id, run, attempt, claimed_by) and
+-- on the row still running under a lease that has not expired. The run (migration 0013)
+-- tells run 2's attempt 1 from run 1's after a retry, even when one supervisor claimed both.
 
 -- name: enqueue_many
 -- The args go in binary (`%(args)b`): PostgreSQL then reads the array without parsing and
@@ -46,7 +47,7 @@ UPDATE atlantis.jobs j
   FROM picked
  WHERE j.id = picked.id
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
-RETURNING j.id, j.job, j.queue, j.args::text AS args, j.attempt, j.max_attempts,
+RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_attempts,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           extract(epoch FROM j.timeout)::float8 AS timeout,
           extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
@@ -74,13 +75,14 @@ UPDATE atlantis.jobs j
                      'at', now(), 'pct', atlantis.clamp_pct(r.pct)))
            ELSE j.progress_history || jsonb_build_array(jsonb_build_object(
                 'at', now(), 'pct', atlantis.clamp_pct(r.pct))) END
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(has_progress)s::bool[],
-              %(pcts)s::float8[], %(msgs)s::text[]) AS r(id, attempt, has_progress, pct, msg)
+  FROM unnest(%(ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[],
+              %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[])
+           AS r(id, run, attempt, has_progress, pct, msg)
  WHERE j.id = r.id
-   -- One boolean test, not four conditions: no index serves it, so the planner never looks
-   -- rows up through the state or the lease index (statistics from when nothing was
+   -- One boolean test, not several conditions: no index serves it, so the planner never
+   -- looks rows up through the state or the lease index (statistics from when nothing was
    -- running had it scan every running row for each renewal; see `finish`).
-   AND (j.attempt = r.attempt AND j.claimed_by = %(worker)s
+   AND (j.run = r.run AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
         AND j.state = 'running' AND j.claimed_until > now()) IS TRUE
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           r.has_progress AND (j.progress_history->-1->>'at')::timestamptz = now() AS sampled
@@ -100,12 +102,14 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 -- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
 -- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
 -- attempt back; `delay` is when an available row may run again. A cancel requested
--- meanwhile wins over whatever the attempt did: the row ends `cancelled`. Each written
--- attempt is also recorded in atlantis.attempts (the timeline).
+-- meanwhile wins over whatever the attempt did: the row ends `cancelled`, and its text
+-- names who cancelled (cancelled_by: the supervisor's own `cancelled` error only says that
+-- an operator did). Each written attempt is also recorded in atlantis.attempts (the
+-- timeline); it and every `errors` entry carry the run.
 WITH r AS (
     -- One JSON array of result objects: one parameter to send, parsed in C on both sides.
     SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
-        AS r(id bigint, attempt int, state text, spent bool, delay float8, error jsonb,
+        AS r(id bigint, run int, attempt int, state text, spent bool, delay float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
              log_lines int, log_dropped int)
 ), cur AS (
@@ -113,9 +117,18 @@ WITH r AS (
            -- Cancelled, but not by this outcome's own cancelled error: append one.
            j.cancel_requested_at IS NOT NULL
                AND coalesce(r.error->>'kind', '') <> 'cancelled' AS cancelling,
-           jsonb_build_object('attempt', j.attempt, 'kind', 'cancelled', 'message',
-                              'cancelled by ' || coalesce(j.cancelled_by, 'an operator'))
-               AS cancel_error
+           -- The outcome's error as written: with the run, and a `cancelled` one (the
+           -- supervisor stopped the attempt for a cancel) naming who cancelled.
+           CASE WHEN r.error IS NULL THEN NULL
+                WHEN r.error->>'kind' = 'cancelled' THEN r.error || jsonb_strip_nulls(
+                     jsonb_build_object('run', j.run, 'message', 'cancelled by '
+                                        || coalesce(j.cancelled_by, 'an operator'),
+                                        'by', j.cancelled_by))
+                ELSE r.error || jsonb_build_object('run', j.run) END AS err,
+           CASE WHEN j.cancel_requested_at IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object(
+               'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
+               'message', 'cancelled by ' || coalesce(j.cancelled_by, 'an operator'),
+               'by', j.cancelled_by)) END AS cancel_error
       -- Row by row through the primary key, whatever the planner thinks of the JSON's size:
       -- joined the other way, every running row of this worker met every result (the
       -- rows of a backlog of results are still running: a batch cost grew with the backlog).
@@ -126,7 +139,7 @@ WITH r AS (
       FROM r CROSS JOIN LATERAL (
                SELECT * FROM atlantis.jobs j
                 WHERE j.id = r.id
-                  AND (j.attempt = r.attempt AND j.claimed_by = %(worker)s
+                  AND (j.run = r.run AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
                        AND j.state = 'running') IS TRUE
                   FOR UPDATE) j
 ), done AS (
@@ -143,27 +156,27 @@ WITH r AS (
            progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
            progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
            last_error = CASE WHEN cur.cancelling THEN cur.cancel_error->>'message'
-                             WHEN cur.error IS NULL THEN j.last_error
-                             ELSE cur.error->>'message' END,
-           error_count = j.error_count + CASE WHEN cur.error IS NULL THEN 0 ELSE 1 END
+                             WHEN cur.err IS NULL THEN j.last_error
+                             ELSE cur.err->>'message' END,
+           error_count = j.error_count + CASE WHEN cur.err IS NULL THEN 0 ELSE 1 END
                          + CASE WHEN cur.cancelling THEN 1 ELSE 0 END,
            errors = CASE WHEN cur.cancelling THEN atlantis.errors_append(
-                             CASE WHEN cur.error IS NULL THEN j.errors
-                                  ELSE atlantis.errors_append(j.errors, cur.error
+                             CASE WHEN cur.err IS NULL THEN j.errors
+                                  ELSE atlantis.errors_append(j.errors, cur.err
                                        || jsonb_build_object('at', now(), 'worker', j.claimed_by))
                              END,
                              cur.cancel_error || jsonb_build_object('at', now(), 'worker', j.claimed_by))
-                         WHEN cur.error IS NULL THEN j.errors
-                         ELSE atlantis.errors_append(j.errors, cur.error || jsonb_build_object(
+                         WHEN cur.err IS NULL THEN j.errors
+                         ELSE atlantis.errors_append(j.errors, cur.err || jsonb_build_object(
                               'at', now(), 'worker', j.claimed_by)) END
       FROM cur
      WHERE j.id = cur.id
-    RETURNING j.id, j.state, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
+    RETURNING j.id, j.state, j.run, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
               cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped
 ), timeline AS (
-    INSERT INTO atlantis.attempts (job_id, attempt, worker, host, pid, child_pid, started_at,
-                                   outcome, error_kind, log_lines, log_dropped)
-    SELECT done.id, done.attempt + CASE WHEN done.state = 'available' AND done.label IN
+    INSERT INTO atlantis.attempts (job_id, run, attempt, worker, host, pid, child_pid,
+                                   started_at, outcome, error_kind, log_lines, log_dropped)
+    SELECT done.id, done.run, done.attempt + CASE WHEN done.state = 'available' AND done.label IN
                                             ('snooze', 'release') THEN 1 ELSE 0 END,
            %(worker)s, %(host)s, %(pid)s, done.child_pid, done.attempt_started,
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.label END,
@@ -206,7 +219,7 @@ WITH expired AS MATERIALIZED (
                              ELSE format('lease expired, worker %%s presumed dead', j.claimed_by) END,
            error_count = j.error_count + 1,
            errors = atlantis.errors_append(j.errors, jsonb_build_object(
-               'attempt', j.attempt,
+               'run', j.run, 'attempt', j.attempt,
                'kind', CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                             ELSE 'lease_expired' END,
                'message', CASE WHEN j.cancel_requested_at IS NOT NULL
@@ -215,14 +228,16 @@ WITH expired AS MATERIALIZED (
                                               j.claimed_by)
                                ELSE format('lease expired, worker %%s presumed dead', j.claimed_by)
                           END,
-               'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text))
+               'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text)
+               || CASE WHEN j.cancel_requested_at IS NOT NULL AND j.cancelled_by IS NOT NULL
+                       THEN jsonb_build_object('by', j.cancelled_by) ELSE '{}' END)
       FROM expired
      WHERE j.id = expired.id AND j.state = 'running' AND j.claimed_until < now()
-    RETURNING j.id, j.state, j.queue, j.attempt, j.started_at,
+    RETURNING j.id, j.state, j.queue, j.run, j.attempt, j.started_at,
               j.errors->-1->>'worker' AS worker
 ), timeline AS (
-    INSERT INTO atlantis.attempts (job_id, attempt, worker, started_at, outcome, error_kind)
-    SELECT id, attempt, worker, started_at, 'lease_expired',
+    INSERT INTO atlantis.attempts (job_id, run, attempt, worker, started_at, outcome, error_kind)
+    SELECT id, run, attempt, worker, started_at, 'lease_expired',
            CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'lease_expired' END
       FROM done
 )
@@ -249,17 +264,27 @@ LISTEN atlantis_jobs; LISTEN atlantis_control
 -- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
 -- lost): no child runs them. Give them back at once without spending the attempt, rather
 -- than let them wait for their lease to expire and be rescued as a failure. A row whose
--- cancel was requested meanwhile ends cancelled instead.
+-- cancel was requested meanwhile ends cancelled instead, saying who cancelled it.
 UPDATE atlantis.jobs
    SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END,
        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+       last_error = CASE WHEN cancel_requested_at IS NOT NULL
+                         THEN 'cancelled by ' || coalesce(cancelled_by, 'an operator')
+                         ELSE last_error END,
+       error_count = error_count + CASE WHEN cancel_requested_at IS NOT NULL THEN 1 ELSE 0 END,
+       errors = CASE WHEN cancel_requested_at IS NOT NULL
+                     THEN atlantis.errors_append(errors, jsonb_strip_nulls(jsonb_build_object(
+                          'run', run, 'attempt', attempt - 1, 'kind', 'cancelled',
+                          'message', 'cancelled by ' || coalesce(cancelled_by, 'an operator'),
+                          'by', cancelled_by, 'at', now(), 'worker', claimed_by)))
+                     ELSE errors END,
        attempt = attempt - 1, run_at = now(), claimed_until = NULL
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
 RETURNING id
 
 -- name: attempt_state
 -- After a result was sent on a connection that broke: did that write land?
-SELECT state, attempt, claimed_by FROM atlantis.jobs WHERE id = %(id)s
+SELECT state, run, attempt, claimed_by FROM atlantis.jobs WHERE id = %(id)s
 
 -- name: cancel_requests
 -- The polling fallback of cancellation: attempts of this supervisor whose cancel was asked.
@@ -271,16 +296,17 @@ SELECT name FROM atlantis.queues WHERE paused AND name = ANY(%(queues)s::text[])
 
 -- name: log_insert
 -- Handler output, a batch of lines of any attempts.
-INSERT INTO atlantis.logs (job_id, attempt, at, stream, line)
-SELECT * FROM unnest(%(job_ids)s::bigint[], %(attempts)s::int[], %(ats)s::timestamptz[],
-                     %(streams)s::text[], %(lines)s::text[])
+INSERT INTO atlantis.logs (job_id, run, attempt, at, stream, line)
+SELECT * FROM unnest(%(job_ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[],
+                     %(ats)s::timestamptz[], %(streams)s::text[], %(lines)s::text[])
 
 -- name: log_trim
 -- Keep only the newest `keep` lines of one attempt (its byte budget is spent).
 DELETE FROM atlantis.logs
- WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+ WHERE job_id = %(job_id)s AND run = %(run)s AND attempt = %(attempt)s
    AND id < (SELECT min(id) FROM (SELECT id FROM atlantis.logs
-                                   WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+                                   WHERE job_id = %(job_id)s AND run = %(run)s
+                                     AND attempt = %(attempt)s
                                    ORDER BY id DESC LIMIT %(keep)s) AS newest)
 
 -- name: queue_gauges

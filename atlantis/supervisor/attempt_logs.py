@@ -46,8 +46,9 @@ class AttemptLogs(Service):
         super().__init__(rt)
         self.db = rt.db("logs")
         self.budget = rt.settings.log_retention_bytes
-        self._kept: dict[tuple[int, int], _Kept] = {}
-        self._ended: set[tuple[int, int]] = set()
+        # By (job id, run, attempt): run 2's attempt 1 is not run 1's.
+        self._kept: dict[tuple[int, int, int], _Kept] = {}
+        self._ended: set[tuple[int, int, int]] = set()
 
     def loops(self) -> list[Loop]:
         return [self._flush_loop]
@@ -60,7 +61,7 @@ class AttemptLogs(Service):
         """
         if self.budget <= 0:
             return
-        kept = self._kept.setdefault((label.job_id, label.attempt), _Kept())
+        kept = self._kept.setdefault((label.job_id, label.run, label.attempt), _Kept())
         kept.lines += 1
         text = clip(text, 64 * 1024)
         size = len(text.encode("utf-8", "replace")) + 1
@@ -76,7 +77,7 @@ class AttemptLogs(Service):
 
     def ended(self, label: Label) -> tuple[int, int]:
         """The attempt ended: (lines it wrote, lines not kept). Its record is dropped soon."""
-        key = (label.job_id, label.attempt)
+        key = (label.job_id, label.run, label.attempt)
         kept = self._kept.get(key)
         if kept is None:
             return (0, 0)
@@ -89,21 +90,22 @@ class AttemptLogs(Service):
             await self.flush()
 
     async def flush(self) -> None:
-        batch: list[tuple[int, int, Line]] = []
+        batch: list[tuple[int, int, int, Line]] = []
         taken: list[tuple[_Kept, list[Line]]] = []
-        for (job_id, attempt), kept in self._kept.items():
+        for (job_id, run, attempt), kept in self._kept.items():
             if kept.pending:
                 lines = list(kept.pending)
                 kept.pending.clear()
                 kept.written.extend(x[3] for x in lines)
                 taken.append((kept, lines))
-                batch.extend((job_id, attempt, x) for x in lines)
+                batch.extend((job_id, run, attempt, x) for x in lines)
         if batch:
             try:
                 await self.db.fetch(Q.log_insert, {
-                    "job_ids": [b[0] for b in batch], "attempts": [b[1] for b in batch],
-                    "ats": [b[2][0] for b in batch], "streams": [b[2][1] for b in batch],
-                    "lines": [b[2][2] for b in batch]}, timeout=10)
+                    "job_ids": [b[0] for b in batch], "runs": [b[1] for b in batch],
+                    "attempts": [b[2] for b in batch], "ats": [b[3][0] for b in batch],
+                    "streams": [b[3][1] for b in batch], "lines": [b[3][2] for b in batch]},
+                    timeout=10)
             except DatabaseUnavailable:
                 for kept, lines in taken:  # written when the database is back
                     for _ in lines:
@@ -118,7 +120,8 @@ class AttemptLogs(Service):
             if kept.trim:
                 kept.trim = False
                 try:
-                    await self.db.fetch(Q.log_trim, {"job_id": key[0], "attempt": key[1],
+                    await self.db.fetch(Q.log_trim, {"job_id": key[0], "run": key[1],
+                                                     "attempt": key[2],
                                                      "keep": len(kept.written)}, timeout=10)
                 except (DatabaseUnavailable, StatementRejected):
                     kept.trim = True

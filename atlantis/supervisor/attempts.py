@@ -49,6 +49,10 @@ class Attempt:
         return self.row.attempt
 
     @property
+    def run(self) -> int:
+        return self.row.run
+
+    @property
     def job(self) -> str:
         return self.row.job
 
@@ -65,8 +69,9 @@ class Attempt:
         return self.row.timeout
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.row.id, self.row.attempt)
+    def key(self) -> tuple[int, int, int]:
+        """(job id, run, attempt): this attempt among every attempt of every run."""
+        return (self.row.id, self.row.run, self.row.attempt)
 
     @property
     def facts(self) -> AttemptFacts:
@@ -74,10 +79,12 @@ class Attempt:
                             self.row.timeout)
 
     def tag(self) -> str:
-        return f"job={self.row.id} attempt={self.row.attempt}"
+        run = f" run={self.row.run}" if self.row.run > 1 else ""
+        return f"job={self.row.id}{run} attempt={self.row.attempt}"
 
     def log_extra(self) -> dict[str, Any]:
-        return {"job_id": self.row.id, "attempt": self.row.attempt, "queue": self.row.queue}
+        return {"job_id": self.row.id, "run": self.row.run, "attempt": self.row.attempt,
+                "queue": self.row.queue}
 
     @property
     def cancelling(self) -> bool:

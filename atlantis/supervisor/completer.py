@@ -42,7 +42,7 @@ class Completer(Service):
         self.queue: list[tuple[Attempt, Result]] = []
         self.writing: list[tuple[Attempt, Result]] = []
         self.flush = asyncio.Event()
-        self._maybe_written: set[tuple[int, int]] = set()
+        self._maybe_written: set[tuple[int, int, int]] = set()
         """Attempts whose result went out in a statement whose answer was lost: it may have
         committed, and then the retry (fenced on the running attempt) matches no row."""
 
@@ -66,7 +66,7 @@ class Completer(Service):
         progress = a.progress if a.progress_dirty else None
         self.queue.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, progress, outcome.label,
-                                     a.child_pid, a.log_lines, a.log_dropped)))
+                                     a.child_pid, a.log_lines, a.log_dropped, a.run)))
         self.flush.set()
 
     @property
@@ -160,7 +160,7 @@ class Completer(Service):
         row = rows[0] if rows else None
         expected = a.attempt if result.spent else a.attempt - 1
         return (row is not None and row.claimed_by == self.rt.worker_id
-                and row.state != "running" and row.attempt == expected)
+                and row.state != "running" and row.run == a.run and row.attempt == expected)
 
     async def drain(self, timeout: float) -> None:
         """Give queued outcomes up to ``timeout`` seconds to be written."""
@@ -181,4 +181,5 @@ def sanitized(result: Result, why: str) -> Result:
     state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
     delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0
     return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress,
-                  result.label[:40], result.child_pid, result.log_lines, result.log_dropped)
+                  result.label[:40], result.child_pid, result.log_lines, result.log_dropped,
+                  result.run)

@@ -180,7 +180,7 @@ class Leases(Service):
         budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - t0
         if budget <= 0:
             return
-        renewals = [Renewal(a.job_id, a.attempt, a.progress if a.progress_dirty else None)
+        renewals = [Renewal(a.job_id, a.attempt, a.progress if a.progress_dirty else None, a.run)
                     for a in batch]
         for a in batch:
             a.progress_dirty = False
@@ -192,7 +192,7 @@ class Leases(Service):
                 # A checkpoint the database refuses must not cost the leases: renew without.
                 log.error("checkpoints refused by the database (%s); renewing the leases "
                           "without them", exc)
-                renewals = [Renewal(r.job_id, r.attempt, None) for r in renewals]
+                renewals = [Renewal(r.job_id, r.attempt, None, r.run) for r in renewals]
                 budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - rt.now()
                 rows = await self.db.fetch_rows(RenewedRow, Q.touch,
                                                 touch_params(rt.worker_id, renewals),

@@ -1,4 +1,4 @@
-"""Log lines: one event a line, as text or JSON, with job id / attempt / queue fields."""
+"""Log lines: one event a line, as text or JSON, with job id / run / attempt / queue fields."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import TracebackType
 
 import orjson
 
-_FIELDS = ("job_id", "attempt", "queue", "stream", "child_pid", "worker")
+_FIELDS = ("job_id", "run", "attempt", "queue", "stream", "child_pid", "worker")
 
 
 class JsonFormatter(logging.Formatter):

@@ -32,9 +32,11 @@ class Label(NamedTuple):
     job_id: int
     attempt: int
     queue: str
+    run: int = 1
 
     def tag(self) -> str:
-        return f"job={self.job_id} attempt={self.attempt}"
+        run = f" run={self.run}" if self.run > 1 else ""
+        return f"job={self.job_id}{run} attempt={self.attempt}"
 
 
 @dataclass(eq=False)
@@ -114,7 +116,8 @@ class OutputLog:
         extra: dict[str, object] = {"stream": stream, "child_pid": self.pid}
         label = self.label
         if label is not None:
-            extra.update(job_id=label.job_id, attempt=label.attempt, queue=label.queue)
+            extra.update(job_id=label.job_id, run=label.run, attempt=label.attempt,
+                         queue=label.queue)
             if self.sink is not None:
                 self.sink(label, stream, text)
         out_log.info("%s %s", label.tag() if label else f"child={self.pid}", text, extra=extra)

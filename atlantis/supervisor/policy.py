@@ -129,6 +129,9 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
 
 
 def cancel_error(facts: AttemptFacts) -> dict[str, Any]:
+    """The error of an attempt stopped for a cancel. The supervisor does not know who asked:
+    the finish statement (queries.sql) rewrites the message from the row's ``cancelled_by``
+    ("cancelled by alice") and adds ``by``."""
     return {"attempt": facts.attempt, "kind": "cancelled", "message": "cancelled by an operator"}
 
 

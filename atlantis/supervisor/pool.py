@@ -243,7 +243,7 @@ class Pool:
             return False
         self.rt.in_flight[a.job_id] = a
         child.state = "busy"
-        child.label = Label(a.job_id, a.attempt, a.queue)
+        child.label = Label(a.job_id, a.attempt, a.queue, a.run)
         child.output.begin(child.label)
         a.child = child
         a.child_pid = child.pid or None

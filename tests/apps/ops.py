@@ -10,6 +10,8 @@
 - ``progress``: checkpoints 10, 20, ... every 0.3 s for 3 s, then returns.
 - ``flaky``: fails its first attempt, completes its second.
 
+``ops.Runs`` prints which call of the job it is and fails the first two (tests/test_runs.py).
+
 ``ops.Brief`` runs the same handler with a 3 s heartbeat (renewed every second).
 """
 
@@ -19,7 +21,7 @@ import time
 from typing import Any
 
 import atlantis
-from tests.apps.basic import record
+from tests.apps.basic import record, runs
 
 registry = atlantis.Registry.from_atl("ops.atl")
 
@@ -88,3 +90,14 @@ async def async_long(ctx: atlantis.JobContext, args: Any) -> None:
             record(ctx, args.key, "saw-cancel")
             return
         await asyncio.sleep(0.02)
+
+
+@registry.handler("ops.Runs")
+def runs_apart(ctx: atlantis.JobContext, args: Any) -> None:
+    """Prints which call of the job this is (1, 2, ...: across retries), and fails the first
+    two: its first run (2 attempts) ends dead, a retry's first attempt completes."""
+    record(ctx, args.key, "ran")
+    call = runs(ctx, args.key)
+    print(f"call {call} attempt {ctx.attempt}", flush=True)
+    if call <= 2:
+        raise RuntimeError(f"call {call} fails")

@@ -92,9 +92,11 @@
   function jobPage(main) {
     var id = main.getAttribute("data-job-id");
     var logEl = document.getElementById("log");
-    var lastLogId = 0, lastAttempt = null, poller = null, source = null, pending = [];
+    var lastLogId = 0, lastAttempt = null, lastRun = null, poller = null, source = null, pending = [];
     var attemptEl = document.getElementById("log-attempt");
+    var runEl = document.getElementById("log-run");
     if (attemptEl) lastAttempt = parseInt(attemptEl.textContent, 10);
+    if (runEl) lastRun = parseInt(runEl.textContent, 10);
     if (logEl) logEl.querySelectorAll(".line").forEach(function (l) {
       lastLogId = Math.max(lastLogId, parseInt(l.getAttribute("data-id"), 10) || 0);
     });
@@ -130,6 +132,9 @@
       text("rate", job.rate === null ? "-" : job.rate.toFixed(1) + " %/min");
       text("eta", job.eta_seconds === null ? "-" : duration(job.eta_seconds));
       document.querySelectorAll("[data-field=attempt]").forEach(function (el) { el.textContent = job.attempt; });
+      document.querySelectorAll("[data-field=run]").forEach(function (el) { el.textContent = job.run; });
+      var runBadge = document.getElementById("run");
+      if (runBadge) runBadge.hidden = !(job.run > 1);
       var stalled = document.getElementById("stalled");
       if (stalled) stalled.hidden = !job.stalled;
       var cr = document.getElementById("cancel-requested");
@@ -155,14 +160,21 @@
       if (!logEl) return;
       lines.forEach(function (l) {
         if (l.id <= lastLogId) return;
-        if (lastAttempt !== null && l.attempt !== lastAttempt) {
+        // A retry starts the next run, whose attempts count from 1 again: a new (run,
+        // attempt) gets a separator naming both once the job has had more than one run.
+        var run = l.run || 1;
+        if (lastAttempt !== null && (l.attempt !== lastAttempt || (lastRun !== null && run !== lastRun))) {
           var sep = document.createElement("span");
           sep.className = "line sep";
-          sep.textContent = "--- attempt " + l.attempt + " ---\n";
+          sep.textContent = "--- " + (run > 1 ? "run " + run + " " : "") + "attempt " + l.attempt + " ---\n";
           logEl.appendChild(sep);
         }
         lastAttempt = l.attempt;
+        lastRun = run;
         if (attemptEl) attemptEl.textContent = l.attempt;
+        if (runEl) runEl.textContent = run;
+        var runPart = document.getElementById("log-run-part");
+        if (runPart && run > 1) runPart.hidden = false;
         lastLogId = l.id;
         var span = document.createElement("span");
         span.className = "line " + (l.stream === "stderr" ? "stderr" : "stdout");
@@ -178,7 +190,7 @@
     function poll() {
       if (paused) return;
       fetch("/api/jobs/" + id, {credentials: "same-origin"}).then(function (r) { return r.json(); }).then(applyJob).catch(function () {});
-      fetch("/api/jobs/" + id + "/logs?after=" + lastLogId + (lastAttempt ? "&attempt=" + lastAttempt : ""), {credentials: "same-origin"})
+      fetch("/api/jobs/" + id + "/logs?after=" + lastLogId + (lastRun ? "&run=" + lastRun : "") + (lastAttempt ? "&attempt=" + lastAttempt : ""), {credentials: "same-origin"})
         .then(function (r) { return r.json(); }).then(function (d) { applyLog(d.lines || []); }).catch(function () {});
     }
     function startPolling() { if (!poller) poller = setInterval(poll, POLL_MS); setStatus("polling", "polling"); }
