@@ -48,8 +48,8 @@ def _params(
     priority: int | None,
     queue: str | None,
 ) -> dict[str, Any]:
-    if isinstance(delay, int | float):
-        delay = timedelta(seconds=delay)
+    delay = _delay(job, delay)
+    _check_run_at(job, run_at)
     return {
         "job": job,
         "args": [Jsonb(_encode(job, a), dumps=_as_is) for a in args_list],
@@ -58,6 +58,44 @@ def _params(
         "queue": queue,
         "delay": delay,
     }
+
+
+def _delay(job: str, delay: object) -> timedelta | None:
+    """`delay` as a timedelta: a finite number of seconds or a timedelta, 0 or more."""
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float | timedelta):
+        raise ValidationError(f"job {job}: delay must be a number of seconds or a timedelta, "
+                              f"got {type(delay).__name__}")
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    else:
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int past a float's range
+            seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValidationError(
+            f"job {job}: delay must be a finite number of seconds, 0 or more, not {delay!r}")
+    if isinstance(delay, timedelta):
+        return delay
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValidationError(f"job {job}: delay of {delay!r} seconds is out of range") from None
+
+
+def _check_run_at(job: str, run_at: object) -> None:
+    """A run_at must say which instant it is: a datetime with a time zone."""
+    if run_at is None:
+        return
+    if not isinstance(run_at, datetime):
+        raise ValidationError(
+            f"job {job}: run_at must be a datetime with a time zone, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValidationError(
+            f"job {job}: run_at must be a datetime with a time zone (tzinfo), not a naive "
+            "datetime: it would be read in the server's time zone")
 
 
 def _as_is(text: str) -> str:
