@@ -116,7 +116,7 @@ def test_distinct_values_stay_distinct_jobs(db: psycopg.Connection[Any]) -> None
     ids = atlantis.enqueue_many(db, JOB, [
         {"n": 1}, {"n": 2}, {"n": -0.0}, {"n": 0}, {"x": Decimal("1.5")}, {"x": Decimal("1.05")},
         {"at": "2024-01-31T12:00:00Z"}, {"at": "2024-01-31T12:00:00+01:00"},
-        {"t": "1"}, {"t": "1.0"},
+        {"t": "1"}, {"t": "1.0"}, {"d": 0.1 + 0.2}, {"d": 0.3},
     ])
     assert ids[2] == ids[3]  # -0 is 0
     assert len(set(ids)) == len(ids) - 1

@@ -100,9 +100,11 @@ $$;
 -- One value of a field (an array field's whole array when `is_array`) as its declared type
 -- reads it, as JSON: the part of a unique key that stands for it. A value the type does not
 -- read (left from before version 12) is returned as it is; this function never raises.
+-- extra_float_digits = 1: a double is written in the fewest digits that read back as the
+-- same float (0.30000000000000004 stays apart from 0.3), whatever the session says.
 CREATE FUNCTION atlantis.canonical_value(ftype text, is_array boolean, v jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, atlantis, pg_temp
+SET extra_float_digits = 1
 AS $$
 DECLARE
     t text := jsonb_typeof(v);
@@ -128,7 +130,7 @@ BEGIN
         -- (float8 would refuse it).
         n := (v #>> '{}')::numeric;
         IF n = 0 OR abs(n) >= 1e-307 THEN
-            RETURN to_jsonb((n::float8)::numeric);
+            RETURN to_jsonb(((n::float8)::text)::numeric);
         END IF;
         RETURN to_jsonb(trim_scale(n));
     ELSIF t = 'string' AND ftype IN ('uuid', 'timestamptz', 'date')
