@@ -95,8 +95,7 @@ def test_the_roles_exist_cannot_log_in_and_public_has_nothing(db: psycopg.Connec
         "SELECT proname, proconfig FROM pg_proc"
         " WHERE pronamespace = 'atlantis'::regnamespace AND prosecdef").fetchall())
     assert set(definers) == {"enqueue", "enqueue_many", "cancel", "retry", "pause", "resume",
-                             "prune", "schedule_fire", "delete_finished",
-                             "unique_key"}  # unique_key: for tide db doctor (migration 0012)
+                             "prune", "schedule_fire", "delete_finished"}
     assert all(c == ["search_path=pg_catalog, atlantis, pg_temp"] for c in definers.values())
 
 

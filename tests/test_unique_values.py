@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import subprocess
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -158,8 +160,23 @@ def _old_key(**fields: Any) -> str:
 def _rerun_migration_12(db: psycopg.Connection[Any]) -> None:
     db.execute("DROP FUNCTION atlantis.unique_key(atlantis.job_types, jsonb)")
     db.execute("DROP FUNCTION atlantis.canonical_value(text, boolean, jsonb)")
+    db.execute("DROP FUNCTION atlantis.canonical_double(numeric)")
     db.execute("DELETE FROM atlantis.schema_migrations WHERE version = 12")
     assert migrate(db) == [12]
+
+
+@pytest.fixture
+def reader_url(admin_url: str, db_url: str) -> Iterator[str]:
+    """A LOGIN user in atlantis_reader (tide db doctor's least role), for the test's database."""
+    name = f"u_keys_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN IN ROLE atlantis_reader")
+    yield psycopg.conninfo.make_conninfo(db_url, user=name)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                     (name,))
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
 
 
 def _doctor(db_url: str) -> dict[str, Any]:
@@ -170,7 +187,7 @@ def _doctor(db_url: str) -> dict[str, Any]:
 
 
 def test_the_migration_rekeys_waiting_rows_and_the_doctor_lists_duplicates(
-        db: psycopg.Connection[Any], db_url: str) -> None:
+        db: psycopg.Connection[Any], db_url: str, reader_url: str) -> None:
     alone = _old_row(db, '{"n": 5.0}', _old_key(n="5.0"))
     upper = _old_row(db, f'{{"u": "{UID.upper()}"}}', _old_key(u=f'"{UID.upper()}"'))
     dup_a = _old_row(db, '{"n": 6}', _old_key(n="6"))
@@ -191,6 +208,7 @@ def test_the_migration_rekeys_waiting_rows_and_the_doctor_lists_duplicates(
     assert check["items"] == [{"job": JOB, "key": _old_key(n="6"), "jobs": 2,
                                "ids": [dup_a, dup_b]}]
     assert f"{JOB} {_old_key(n='6')} (jobs {dup_a}, {dup_b})" in check["summary"]
+    assert _doctor(reader_url) == check  # what a read-only role runs
     db.execute("UPDATE atlantis.jobs SET state = 'cancelled', finished_at = now() WHERE id = %s",
                (dup_b,))
     assert _doctor(db_url)["ok"]

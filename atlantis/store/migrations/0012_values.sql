@@ -97,22 +97,35 @@ BEGIN
 END
 $$;
 
+-- A double as the float it reads as, written in the fewest digits that read back as the
+-- same float (0.30000000000000004 stays apart from 0.3), whatever extra_float_digits the
+-- session has. Below the smallest normal double, the number itself (float8 would refuse it).
+CREATE FUNCTION atlantis.canonical_double(n numeric) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET extra_float_digits = 1
+AS $$
+BEGIN
+    IF n = 0 OR abs(n) >= 1e-307 THEN
+        RETURN to_jsonb(((n::float8)::text)::numeric);
+    END IF;
+    RETURN to_jsonb(trim_scale(n));
+END
+$$;
+
 -- One value of a field (an array field's whole array when `is_array`) as its declared type
 -- reads it, as JSON: the part of a unique key that stands for it. A value the type does not
 -- read (left from before version 12) is returned as it is; this function never raises.
--- extra_float_digits = 1: a double is written in the fewest digits that read back as the
--- same float (0.30000000000000004 stays apart from 0.3), whatever the session says.
 CREATE FUNCTION atlantis.canonical_value(ftype text, is_array boolean, v jsonb) RETURNS jsonb
-LANGUAGE plpgsql STABLE
-SET extra_float_digits = 1
-AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t text := jsonb_typeof(v);
-    n numeric;
     s text;
 BEGIN
     IF v IS NULL THEN
         RETURN 'null'::jsonb;
+    END IF;
+    IF t = 'null' OR ftype IN ('text', 'varchar', 'boolean', 'jsonb') THEN
+        RETURN v;  -- as written (jsonb already orders keys and drops whitespace)
     END IF;
     IF is_array THEN
         IF t <> 'array' THEN
@@ -126,13 +139,7 @@ BEGIN
         -- 1, 1.0, 1.00 and 1e0 are one number; -0 is 0.
         RETURN to_jsonb(trim_scale((v #>> '{}')::numeric));
     ELSIF t = 'number' AND ftype = 'double' THEN
-        -- The float the handler gets; below the smallest normal double, the number itself
-        -- (float8 would refuse it).
-        n := (v #>> '{}')::numeric;
-        IF n = 0 OR abs(n) >= 1e-307 THEN
-            RETURN to_jsonb(((n::float8)::text)::numeric);
-        END IF;
-        RETURN to_jsonb(trim_scale(n));
+        RETURN atlantis.canonical_double((v #>> '{}')::numeric);
     ELSIF t = 'string' AND ftype IN ('uuid', 'timestamptz', 'date')
           AND atlantis.type_mismatch(ftype, NULL, v) IS NULL THEN
         s := v #>> '{}';
@@ -147,21 +154,22 @@ END
 $$;
 
 -- The unique key of `args` (already checked) under `decl`: a JSON array of the canonical
--- values of its unique fields, in declaration order, as text; NULL when `decl` declares
--- no `unique (...)`. SECURITY DEFINER: `tide db doctor` calls it as a reader, who has no
--- right on the functions it calls.
+-- values of its unique fields, in the order of `unique (...)`, as text; NULL when `decl`
+-- declares none. A plain function (tide db doctor's reader role may execute it and the
+-- three it calls): SECURITY DEFINER would double the cost of a unique enqueue.
 CREATE FUNCTION atlantis.unique_key(decl atlantis.job_types, args jsonb) RETURNS text
-LANGUAGE sql STABLE
-SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
-AS $$
-    SELECT CASE WHEN cardinality(decl.unique_fields) > 0 THEN (
-        SELECT jsonb_agg(atlantis.canonical_value(
-                             f.d->>'type', coalesce((f.d->>'array')::boolean, false), args->u)
-                         ORDER BY o)::text
-          FROM unnest(decl.unique_fields) WITH ORDINALITY AS k(u, o)
-          LEFT JOIN LATERAL (SELECT d FROM jsonb_array_elements(decl.fields) AS d
-                              WHERE d->>'name' = k.u LIMIT 1) AS f ON true)
-    END
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF cardinality(decl.unique_fields) = 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT jsonb_agg(atlantis.canonical_value(
+                                 d->>'type', coalesce((d->>'array')::boolean, false),
+                                 args->(d->>'name'))
+                             ORDER BY array_position(decl.unique_fields, d->>'name'))::text
+              FROM jsonb_array_elements(decl.fields) AS d
+             WHERE d->>'name' = ANY (decl.unique_fields));
+END
 $$;
 
 -- enqueue_many as in 0011, with the key from atlantis.unique_key and a negative delay
@@ -312,5 +320,6 @@ UPDATE atlantis.jobs j
                     WHERE o.job = c.job AND o.unique_key = c.new_key AND o.id <> c.id
                       AND o.state IN ('available', 'running'));
 
+REVOKE ALL ON FUNCTION atlantis.canonical_double(numeric) FROM PUBLIC;
 REVOKE ALL ON FUNCTION atlantis.canonical_value(text, boolean, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION atlantis.unique_key(atlantis.job_types, jsonb) FROM PUBLIC;
