@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store.queries import Q
-from atlantis.units import int_problem
+from atlantis.units import MAX_DURATION, MAX_TEXT, int_problem
 
 UNKNOWN_JOB = "ATL01"
 INVALID_ARGS = "ATL02"
@@ -49,8 +49,8 @@ def _params(
     priority: int | None,
     queue: str | None,
 ) -> dict[str, Any]:
-    if isinstance(delay, int | float):
-        delay = timedelta(seconds=delay)
+    delay = _delay(job, delay)
+    _check_run_at(job, run_at)
     _check_priority(priority)
     return {
         "job": job,
@@ -69,6 +69,46 @@ def _check_priority(priority: object) -> None:
         problem = int_problem(priority, "int")
         if problem is not None:
             raise ValidationError(f"priority: {problem}")
+
+
+def _delay(job: str, delay: object) -> timedelta | None:
+    """`delay` as a timedelta: a finite number of seconds or a timedelta, 0 or more."""
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float | timedelta):
+        raise ValidationError(f"job {job}: delay must be a number of seconds or a timedelta, "
+                              f"got {type(delay).__name__}")
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    else:
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int past a float's range
+            seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValidationError(
+            f"job {job}: delay must be a finite number of seconds, 0 or more, not {delay!r}")
+    if seconds > MAX_DURATION:
+        raise ValidationError(f"job {job}: delay of {delay!r} is too long (at most {MAX_TEXT})")
+    if isinstance(delay, timedelta):
+        return delay
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise ValidationError(f"job {job}: delay of {delay!r} seconds is out of range") from None
+
+
+def _check_run_at(job: str, run_at: object) -> None:
+    """A run_at must say which instant it is: a datetime with a time zone."""
+    if run_at is None:
+        return
+    if not isinstance(run_at, datetime):
+        raise ValidationError(
+            f"job {job}: run_at must be a datetime with a time zone, got {type(run_at).__name__}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValidationError(
+            f"job {job}: run_at must be a datetime with a time zone (tzinfo), not a naive "
+            "datetime: it would be read in the server's time zone")
 
 
 def _as_is(text: str) -> str:

@@ -58,6 +58,18 @@ ENQUEUE_PY: dict[str, tuple[str, Any, type[Exception], str]] = {
                          "varchar(8)"),
     "bad-uuid": ("tests.Typed", {"name": "a", "id": "not-a-uuid"}, ValidationError,
                  'job tests.Typed: field id: "not-a-uuid" is not a valid uuid'),
+    "timestamptz-without-offset": (
+        "tests.Typed", {"name": "a", "at": "2024-01-31 12:00:00"}, ValidationError,
+        'job tests.Typed: field at: "2024-01-31 12:00:00" has no time zone offset: a timestamptz '
+        "needs Z or an offset such as +02:00 (RFC 3339)"),
+    "timestamptz-special-word": (
+        "tests.Typed", {"name": "a", "at": "tomorrow"}, ValidationError,
+        'job tests.Typed: field at: "tomorrow" is not a valid timestamptz: expected RFC 3339 '
+        'with Z or an offset, such as "2024-01-31T12:00:00Z"'),
+    "date-special-word": (
+        "tests.Typed", {"name": "a", "day": "epoch"}, ValidationError,
+        'job tests.Typed: field day: "epoch" is not a valid date: expected YYYY-MM-DD, such as '
+        '"2024-01-31"'),
     "bad-array-element": ("tests.Typed", {"name": "a", "tags": ["x", 1]}, ValidationError,
                           "job tests.Typed: field tags[1]: expected text, got number"),
     "oversized": ("tests.Echo", {"key": "big", "value": "x" * (1024 * 1024 + 10)},
@@ -113,6 +125,18 @@ ENQUEUE_SQL: dict[str, tuple[str, str | None, str, str]] = {
     "long-number": ("values.Big", '{"n": ' + "1" * 4001 + "}", "ATL02",
                     "job values.Big: field n: a number 4001 characters long, more than the "
                     "limit of 4000"),
+    "timestamptz-without-offset": (
+        "tests.Typed", '{"name": "a", "at": "2024-01-31T12:00:00"}', "ATL02",
+        'job tests.Typed: field at: "2024-01-31T12:00:00" has no time zone offset: a timestamptz '
+        "needs Z or an offset such as +02:00 (RFC 3339)"),
+    "timestamptz-special-word": (
+        "tests.Typed", '{"name": "a", "at": "infinity"}', "ATL02",
+        'job tests.Typed: field at: "infinity" is not a valid timestamptz: expected RFC 3339 '
+        'with Z or an offset, such as "2024-01-31T12:00:00Z"'),
+    "date-special-word": (
+        "tests.Typed", '{"name": "a", "day": "2024-01-31 BC"}', "ATL02",
+        'job tests.Typed: field day: "2024-01-31 BC" is not a valid date: expected YYYY-MM-DD, '
+        'such as "2024-01-31"'),
     "not-json": ("tests.Echo", "{key: 1}", "22P02", "invalid input syntax for type json"),
     "nan": ("values.Big", '{"n": NaN}', "22P02", "invalid input syntax for type json"),
     "nul": ("tests.Echo", '{"key": "a\\u0000b"}', "22P05", "unsupported Unicode escape sequence"),
@@ -171,6 +195,10 @@ TIDE: dict[str, tuple[list[str], int, str]] = {
             "tide: --args is not JSON: NaN is not a JSON number"),
     "wrong-type": (["tests.Echo", "--args", '{"key": 1}'], 1,
                    "tide: job tests.Echo: field key: expected text, got number"),
+    "timestamptz-without-offset": (
+        ["tests.Typed", "--args", '{"name": "a", "at": "2024-01-31 12:00"}'], 1,
+        'tide: job tests.Typed: field at: "2024-01-31 12:00" has no time zone offset: a '
+        "timestamptz needs Z or an offset such as +02:00 (RFC 3339)"),
     "bad-delay": (["tests.Echo", "--args", '{"key": "x"}', "--delay", "nan"], 2,
                   "tide: Invalid value for --delay: invalid duration 'nan': not a finite number "
                   "(use e.g. 500ms, 30s, 10m, 2h, 1d, 1h30m) (see `tide job enqueue --help`)"),

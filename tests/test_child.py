@@ -257,13 +257,24 @@ def test_tracebacks_come_with_failures(survivor: Child) -> None:
     assert done.error.traceback.endswith("ValueError: bad \\ud800 value\n")
 
 
-@pytest.mark.parametrize(("mode", "delay"), [
-    ("snooze-huge", MAX_SNOOZE), ("snooze-inf", MAX_SNOOZE), ("snooze-nan", 0.0),
-    ("snooze-negative", 0.0),
+def test_snooze_delays_are_finite_and_non_negative(survivor: Child) -> None:
+    _, done = survivor.attempt("snooze-huge")
+    assert (done.outcome, done.delay, done.error) == ("snooze", MAX_SNOOZE, None)
+    survivor.still_serves()
+
+
+@pytest.mark.parametrize(("mode", "shown"), [
+    ("snooze-inf", "inf"), ("snooze-nan", "nan"), ("snooze-negative", "-5.0"),
 ])
-def test_snooze_delays_are_finite_and_non_negative(survivor: Child, mode: str, delay: float) -> None:
+def test_a_snooze_of_nan_inf_or_negative_fails_the_attempt(survivor: Child, mode: str,
+                                                           shown: str) -> None:
+    """Issue 18: no guessed delay (it was 0 or ten years); the attempt fails, saying why."""
     _, done = survivor.attempt(mode)
-    assert (done.outcome, done.delay, done.error) == ("snooze", delay, None)
+    assert done.outcome == "failed" and done.error is not None
+    assert (done.error.kind, done.error.message) == (
+        "exception",
+        f"invalid Snooze({shown}): the delay must be a finite number of seconds, 0 or more")
+    assert done.error.traceback is not None and "Snooze" in done.error.traceback
     survivor.still_serves()
 
 

@@ -33,7 +33,8 @@ def test_a_healthy_database_exits_0(db_url: str) -> None:
     assert doc["ok"] is True and doc["problems"] == [] and failed(doc) == []
     assert list(doc["checks"]) == ["server_version", "jobs_table", "jobs_indexes",
                                    "old_transactions", "expired_leases", "unserved_queues",
-                                   "unserved_jobs", "unserved_declarations", "missed_schedules"]
+                                   "unserved_jobs", "unserved_declarations", "missed_schedules",
+                                   "duplicate_unique_keys"]
     version = doc["checks"]["server_version"]["items"][0]
     assert version["version_num"] >= 160000
     table = doc["checks"]["jobs_table"]["items"][0]

@@ -13,7 +13,8 @@ one of the error kinds of :data:`atlantis.protocol.messages.ErrorKind`:
   exits after reporting;
 - ``exception``: anything else (``KeyboardInterrupt`` and ``GeneratorExit`` included).
 
-``raise Snooze(seconds)`` gives outcome ``snooze`` with a finite, non-negative delay.
+``raise Snooze(seconds)`` gives outcome ``snooze`` with a finite, non-negative delay (a huge
+one clipped); ``Snooze`` of NaN, an infinity or a negative fails the attempt (``exception``).
 Threads and processes the handler leaves running are reported in ``leftovers`` and ended
 (threads by replacing the process); exited children are reaped.
 """
@@ -41,6 +42,7 @@ from atlantis.child.text import (
     describe,
     leftover,
     snooze_delay,
+    snooze_problem,
     text_of,
 )
 from atlantis.child.tree import descendants, kill_descendants
@@ -166,7 +168,12 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
             return Done(job_id=job_id, outcome="discard", error=child_error(
                 "discarded", "discarded by handler" if reason is None else reason))
         except Snooze as exc:
-            return Done(job_id=job_id, outcome="snooze", delay=snooze_delay(_attribute(exc, "seconds")))
+            seconds = _attribute(exc, "seconds")
+            problem = snooze_problem(seconds)
+            if problem is not None:  # NaN, inf or negative: a clear failure, not a guess
+                return Done(job_id=job_id, outcome="failed", error=child_error(
+                    "exception", problem, exc))
+            return Done(job_id=job_id, outcome="snooze", delay=snooze_delay(seconds))
         except SystemExit as exc:
             code = text_of(_attribute(exc, "code"), repr)
             return Done(job_id=job_id, outcome="failed", error=child_error(

@@ -97,6 +97,22 @@ def snooze_delay(seconds: object) -> float:
     return min(value, MAX_SNOOZE)
 
 
+def snooze_problem(seconds: object) -> str | None:
+    """Why ``Snooze(seconds)`` asks for no delay at all (NaN, an infinity, a negative or
+    something that is no number), or None. Such a snooze fails its attempt instead."""
+    try:
+        value = float(seconds)  # type: ignore[arg-type]  # anything a handler assigned
+    except Terminated:
+        raise
+    except BaseException:
+        value = math.nan
+    if math.isfinite(value) and value >= 0:
+        return None
+    shown = text_of(seconds, repr)
+    return (f"invalid Snooze({clip(shown, 40)}): the delay must be a finite number of seconds, "
+            "0 or more")
+
+
 def checkpoint_pct(pct: object) -> float | None:
     """``None`` for NaN (as the protocol says), infinities clamped to 0 or 100."""
     try:

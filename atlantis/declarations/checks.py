@@ -13,14 +13,18 @@ import json
 import keyword
 import math
 import re
-import uuid
-from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, NoReturn
 
 import lark
 
 from atlantis.declarations.cron import cron_problem, zone_problem
+from atlantis.declarations.formats import (
+    NO_OFFSET_REASON,
+    date_problem,
+    timestamptz_problem,
+    uuid_problem,
+)
 from atlantis.declarations.model import (
     BASE_TYPES,
     DEFAULT_BACKOFF,
@@ -73,8 +77,11 @@ _BARE_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 _STRING_FORMATS = {
     "uuid": 'a uuid such as "123e4567-e89b-12d3-a456-426614174000"',
     "date": 'a date such as "2024-01-31"',
-    "timestamptz": 'an ISO 8601 timestamp such as "2024-01-31T12:00:00Z"',
+    "timestamptz": 'an RFC 3339 timestamp with Z or an offset, such as "2024-01-31T12:00:00Z"',
 }
+# The database's rules for these types (atlantis.declarations.formats, migration 0012).
+_STRING_PROBLEMS = {"uuid": uuid_problem, "date": date_problem,
+                    "timestamptz": timestamptz_problem}
 
 
 def check_file(jobs: list[RawJob], source: Source) -> list[JobDecl]:
@@ -403,14 +410,10 @@ class _Checker:
                 self.fail(
                     tree, f"{what} {shown} is longer than {type_name} ({len(value)} characters)"
                 )
-            try:
-                if base == "uuid":
-                    uuid.UUID(value)
-                elif base == "date":
-                    date.fromisoformat(value)
-                elif base == "timestamptz":
-                    datetime.fromisoformat(value)
-            except ValueError:
+            problem = _STRING_PROBLEMS[base](value) if base in _STRING_PROBLEMS else None
+            if problem == NO_OFFSET_REASON:
+                self.fail(tree, f"{what} {shown} {NO_OFFSET_REASON}")
+            if problem is not None:
                 mismatch(_STRING_FORMATS[base])
         elif base in INT_RANGES:
             if isinstance(value, bool) or not isinstance(value, int):

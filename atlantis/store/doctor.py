@@ -112,6 +112,7 @@ def diagnose(conn: Conn, *, xact_age: float = XACT_AGE, lease_grace: float = LEA
         _unserved_jobs(conn),
         _unserved_declarations(conn, limit),
         _missed_slots(conn, missed_within),
+        _duplicate_unique_keys(conn, limit),
     ])
 
 
@@ -256,6 +257,18 @@ def _missed_slots(conn: Conn, within: float) -> Check:
     return Check("missed_schedules", False,
                  f"{recent} schedule slots missed in the last {_duration(within)}: {jobs} "
                  "(no supervisor on their queue when they were due)", rows)
+
+
+def _duplicate_unique_keys(conn: Conn, limit: int) -> Check:
+    rows = _rows(conn, Q.doctor_duplicate_unique_keys, {"limit": limit})
+    if not rows:
+        return Check("duplicate_unique_keys", True,
+                     "no two waiting or running jobs hold one unique key")
+    jobs = ", ".join(f"{r['job']} {r['key']} (jobs {', '.join(map(str, r['ids']))})"
+                     for r in rows)
+    return Check("duplicate_unique_keys", False,
+                 f"{len(rows)} unique keys are held by more than one waiting or running job, "
+                 f"enqueued before keys were built from values: {jobs}", rows)
 
 
 # ---- helpers ---------------------------------------------------------------------------------

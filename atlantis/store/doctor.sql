@@ -139,3 +139,18 @@ SELECT r.job, sum(greatest(r.missed, 1))::bigint AS missed,
  WHERE r.job_id IS NULL
  GROUP BY r.job
  ORDER BY r.job
+
+-- name: doctor_duplicate_unique_keys
+-- Waiting or running jobs of one name that hold one unique key as atlantis.unique_key builds
+-- it today (migration 0012): duplicates enqueued before it, when keys were JSON spellings
+-- (1 and 1.0, a uuid in upper case), which its re-keying left as they were.
+SELECT j.job, atlantis.unique_key(t, j.args) AS key, count(*) AS jobs,
+       array_agg(j.id ORDER BY j.id) AS ids
+  FROM atlantis.jobs j
+  JOIN atlantis.job_types t ON t.job = j.job
+ WHERE j.state IN ('available', 'running') AND j.unique_key IS NOT NULL
+   AND cardinality(t.unique_fields) > 0
+ GROUP BY j.job, 2
+HAVING count(*) > 1
+ ORDER BY j.job, 2
+ LIMIT %(limit)s

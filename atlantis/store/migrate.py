@@ -95,7 +95,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA atlantis FROM PUBLIC;"""
 # are the only way an enqueuer or an operator writes.
 _READ_FUNCTIONS: LiteralString = (
     "atlantis.stalled(atlantis.jobs), atlantis.stall_after(text, interval),"
-    " atlantis.queue_counts(bigint), atlantis.oldest_due(text)"
+    " atlantis.queue_counts(bigint), atlantis.oldest_due(text),"
+    " atlantis.unique_key(atlantis.job_types, jsonb),"
+    " atlantis.canonical_value(text, boolean, jsonb), atlantis.canonical_double(numeric),"
+    " atlantis.type_mismatch(text, int, jsonb)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.

@@ -79,6 +79,7 @@ class Queries:
     doctor_unserved_jobs: LiteralString
     doctor_unserved_declarations: LiteralString
     doctor_missed_slots: LiteralString
+    doctor_duplicate_unique_keys: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}

@@ -10,6 +10,7 @@
   header announcing a 64 MiB frame), then sleeps.
 - ``checkpoint-nul``: a checkpoint whose message holds NUL and a lone surrogate, then returns.
 - ``snooze-huge``: ``raise Snooze(1e13)``.
+- ``snooze-nan`` / ``snooze-inf`` / ``snooze-negative``: ``raise Snooze(nan | inf | -1)``.
 - ``nul-error``: ``raise ValueError("bad\\x00byte")``.
 - ``chatty``: prints 5,000 lines as fast as it can.
 - ``os-exit``: ``os._exit(5)``; ``segv``: reads address 0 through ctypes (SIGSEGV);
@@ -65,6 +66,9 @@ def _recurse(n: int) -> int:
     return _recurse(n + 1) + 1
 
 
+_BAD_SNOOZES = {"snooze-nan": math.nan, "snooze-inf": math.inf, "snooze-negative": -1}
+
+
 @registry.handler("contain.Act")
 def act(ctx: atlantis.JobContext, args: Any) -> None:
     mode = args.mode
@@ -89,6 +93,8 @@ def act(ctx: atlantis.JobContext, args: Any) -> None:
         atlantis.checkpoint(ctx, 40, "half\x00way \ud800 there")
     elif mode == "snooze-huge":
         raise atlantis.Snooze(1e13)
+    elif mode in _BAD_SNOOZES:
+        raise atlantis.Snooze(_BAD_SNOOZES[mode])
     elif mode == "nul-error":
         raise ValueError("bad\x00byte")
     elif mode == "os-exit":

@@ -24,9 +24,10 @@ Failures the child reports and survives:
 - ``keyboard-interrupt`` / ``generator-exit``: raises it; ``failed``, kind ``exception``,
   message ``KeyboardInterrupt`` / ``GeneratorExit``.
 - ``exit3``: ``sys.exit(3)``; ``failed``, kind ``exit``, message ``handler called sys.exit(3)``.
-- ``snooze-huge`` / ``snooze-inf``: ``Snooze(1e13)`` / ``Snooze(inf)``; ``snooze``, delay
-  315360000 (ten years; the supervisor clamps further).
-- ``snooze-nan`` / ``snooze-negative``: ``Snooze(nan)`` / ``Snooze(-5)``; ``snooze``, delay 0.
+- ``snooze-huge``: ``Snooze(1e13)``; ``snooze``, delay 315360000 (ten years; the supervisor
+  clamps further).
+- ``snooze-inf`` / ``snooze-nan`` / ``snooze-negative``: ``Snooze(inf)`` / ``Snooze(nan)`` /
+  ``Snooze(-5)``; ``failed``, kind ``exception``, ``invalid Snooze(nan): ...``.
 - ``checkpoint-nan``: ``ctx.checkpoint(nan, "nan")``, returns; a ``Checkpoint`` with ``pct``
   None, then ``complete``.
 - ``checkpoint-inf``: ``ctx.checkpoint(inf, "inf")``, returns; ``pct`` 100, ``complete``.

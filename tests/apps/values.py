@@ -41,3 +41,9 @@ def big(ctx: atlantis.JobContext, args: Any) -> None:
 def deep(ctx: atlantis.JobContext, args: Any) -> None:
     record(ctx, args.key, f"doc={type_name(args.doc)} depth={json_depth(args.doc)}")
     record(ctx, args.key, f"docs={type_name(args.docs)} depth={json_depth(args.docs)}")
+
+
+
+@registry.handler("values.Keyed")
+def keyed(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, f"ran {args.at}")
