@@ -10,9 +10,10 @@ before its ``Done`` goes out (so before the supervisor can send the next ``Run``
 
 - descriptors 0-2 (the same files, blocking) and ``sys.stdin``, ``sys.stdout`` and
   ``sys.stderr`` (the same objects, or new ones on descriptors 0-2 if they were closed);
-- the disposition of every signal as Python's ``signal`` module sees it, and the C-level
-  handler of those atlantis relies on (:data:`RELIED_ON`), which a C library may replace
-  without Python knowing; the main thread's signal mask (a signal left pending while the
+- the disposition of every signal as Python's ``signal`` module sees it (SIGTERM, SIGINT,
+  SIGCHLD, SIGPIPE, the parent-death signal...), and SIGTERM's C-level handler too, which
+  a C library may replace without Python knowing (:data:`RELIED_ON`); the main thread's
+  signal mask (a signal left pending while the
   handler blocked it is discarded, except SIGTERM and the parent-death signal);
 - alarms and interval timers (``ITIMER_REAL``, ``ITIMER_VIRTUAL``, ``ITIMER_PROF``),
   except those the app itself had running;
@@ -55,10 +56,10 @@ from atlantis.child.tree import PARENT_DEATH_SIGNAL
 # made a sweep of every signal's handler cost ten times more.
 _signal: Any = importlib.import_module("_signal")
 
-#: Signals whose C-level handler is checked too: atlantis depends on them.
-RELIED_ON: tuple[int, ...] = tuple(s for s in (
-    signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE, PARENT_DEATH_SIGNAL,
-) if s is not None)
+#: Signals whose C-level handler is checked too: a C library may replace it behind
+#: Python's back, and an attempt is ended by SIGTERM. (Each check is a ctypes call, the
+#: dearest part of a restore: the others are left to Python's own view of their handlers.)
+RELIED_ON: tuple[int, ...] = (signal.SIGTERM,)
 #: Signals a handler left pending that must still be delivered once unblocked: a SIGTERM
 #: ends the child after its result, the parent-death signal its tree.
 KEEP_PENDING = frozenset(s for s in (signal.SIGTERM, PARENT_DEATH_SIGNAL) if s is not None)
@@ -140,20 +141,20 @@ class ProcessState:
 
     def __init__(self) -> None:
         self._pid = os.getpid()
-        self._fds: list[tuple[int, int, tuple[int, int], bool]] = []
-        """(descriptor, a copy of it, what it refers to, blocking) for each of 0-2 open now."""
+        self._fds: list[tuple[int, int, bool]] = []
+        """(descriptor, a copy of it, blocking) for each of 0-2 open now."""
         for fd in (0, 1, 2):
             try:
-                ident = identity(fd)
                 blocking = os.get_blocking(fd)
             except OSError:  # not open: nothing of ours to keep
                 continue
-            self._fds.append((fd, _copy(fd), ident, blocking))
+            self._fds.append((fd, _copy(fd), blocking))
         self._streams = [_Stream(name, fd) for name, fd in _STREAMS]
         self._timers = [w for w in _TIMERS if _signal.getitimer(w) == (0.0, 0.0)]
         """The timers the app did not have running: a handler's are cancelled."""
-        self._handlers: list[tuple[int, Any]] = [(int(s), _signal.getsignal(s)) for s in sorted(signal.valid_signals())
-                          if s not in (signal.SIGKILL, signal.SIGSTOP)]
+        self._signals = [int(s) for s in sorted(signal.valid_signals())
+                         if s not in (signal.SIGKILL, signal.SIGSTOP)]
+        self._handlers: list[Any] = list(map(_signal.getsignal, self._signals))
         self._c_handlers: list[tuple[int, int | None]] = (
             [(s, _getsig(s)) for s in RELIED_ON] if _getsig else [])
         self._mask: set[int] = _signal.pthread_sigmask(signal.SIG_BLOCK, ())
@@ -168,6 +169,14 @@ class ProcessState:
         self._env = dict(self._env_data)
         self._env_text = dict(os.environ)
         self._limits = [(r, resource.getrlimit(r)) for r in _LIMITS]
+        # One read of /proc/self/limits tells whether any of them changed, for half the
+        # cost of asking for each.
+        self._limits_fd: int | None = None
+        try:
+            self._limits_fd = os.open("/proc/self/limits", os.O_RDONLY | os.O_CLOEXEC)
+            self._limits_text = os.pread(self._limits_fd, 8192, 0)
+        except OSError:  # no /proc
+            self._limits_fd = None
         self._sid = os.getsid(0)
         self._pgid = os.getpgrp()
         # A session leader can leave neither its session nor its process group.
@@ -191,15 +200,18 @@ class ProcessState:
         for stream in self._streams:
             if not stream.intact():
                 stream.restore()
-        for signum, handler in self._handlers:
-            if _signal.getsignal(signum) is not handler:
-                self._set_handler(signum, handler)
-        for signum, address in self._c_handlers:
-            if _getsig is not None and _getsig(signum) != address:  # set outside Python
-                self._set_handler(signum, _signal.getsignal(signum))
-                if _getsig(signum) != address:
-                    raise UnrestorableError(f"the handler of signal {_name(signum)} was replaced "
-                                       f"outside Python and could not be put back")
+        if list(map(_signal.getsignal, self._signals)) != self._handlers:
+            for signum, handler in zip(self._signals, self._handlers, strict=True):
+                if _signal.getsignal(signum) is not handler:
+                    self._set_handler(signum, handler)
+        if _getsig is not None:
+            for signum, address in self._c_handlers:
+                if _getsig(signum) != address:  # replaced outside Python: set Python's again
+                    self._set_handler(signum, _signal.getsignal(signum))
+                    if _getsig(signum) != address:
+                        raise UnrestorableError(
+                            f"the handler of signal {_name(signum)} was replaced outside "
+                            f"Python and could not be put back")
         mask = _signal.pthread_sigmask(signal.SIG_BLOCK, ())
         if mask != self._mask:
             self._restore_mask(mask)
@@ -209,34 +221,31 @@ class ProcessState:
             os.environ = self._environ  # noqa: B003 - the very object, its contents after
         if self._env_data != self._env:
             self._restore_environ()
-        for which, limits in self._limits:
-            if resource.getrlimit(which) != limits:
-                self._restore_limit(which, limits)
+        if self._limits_fd is None or os.pread(self._limits_fd, 8192, 0) != self._limits_text:
+            for which, limits in self._limits:
+                if resource.getrlimit(which) != limits:
+                    self._restore_limit(which, limits)
         if not self._fixed_group and (os.getsid(0) != self._sid or os.getpgrp() != self._pgid):
             raise UnrestorableError("the handler moved the child to another session or process "
-                               "group, out of reach of a kill of its group")
+                                    "group, out of reach of a kill of its group")
 
     def _restore_fds(self) -> None:
-        for fd, copy, ident, blocking in self._fds:
-            try:
-                same = identity(fd) == ident
-            except OSError:  # closed
-                same = False
-            if not same:
-                try:
-                    if identity(copy) != ident:
-                        raise OSError(f"descriptor {copy} now refers to another file")
-                    os.dup2(copy, fd, inheritable=True)
-                except OSError as exc:
-                    raise UnrestorableError(f"descriptor {fd} was closed or replaced and could "
-                                       f"not be put back ({exc})") from exc
-            if os.get_blocking(fd) != blocking:
-                os.set_blocking(fd, blocking)
+        # Put back unconditionally: a dup2 costs a quarter of the fstat that would tell
+        # whether the descriptor still names the same file. The copies sit above the low
+        # numbers a handler's files take; one the handler closed fails the dup2.
+        fd = -1
+        try:
+            for fd, copy, blocking in self._fds:
+                os.dup2(copy, fd)
+                if os.get_blocking(fd) != blocking:  # shared with the copy: not undone above
+                    os.set_blocking(fd, blocking)
+        except OSError as exc:
+            raise UnrestorableError(f"descriptor {fd} could not be put back ({exc})") from exc
 
     def _set_handler(self, signum: int, handler: Any) -> None:
         if handler is None:  # installed outside Python: nothing to set it back to
             raise UnrestorableError(f"the handler of signal {_name(signum)} was replaced and "
-                               f"cannot be put back")
+                                    f"cannot be put back")
         _signal.signal(signum, handler)
 
     def _restore_mask(self, mask: set[int]) -> None:
