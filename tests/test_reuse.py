@@ -97,7 +97,7 @@ def test_a_stolen_sigterm_is_taken_back_so_a_cancelled_job_sees_terminated(
 
 @pytest.mark.parametrize("mode", [
     "replace-streams",      # sys.stdout and sys.stderr replaced by StringIO
-    "close-stdout",         # sys.stdout closed (the next print raised ValueError)
+    "close-streams",        # sys.stdout and sys.stderr closed (print raised ValueError)
     "nonblocking-stdout",   # O_NONBLOCK on descriptor 1
     "signals",              # SIGCHLD and SIGINT ignored, SIGPIPE default, a SIGUSR1 handler
     "block-signals",        # SIGTERM, SIGINT, SIGUSR1 blocked by pthread_sigmask

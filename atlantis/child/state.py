@@ -35,6 +35,7 @@ rlimits) and a few dozen C calls, tens of microseconds (see the report in the RE
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import importlib
@@ -129,7 +130,8 @@ def _repoint_logging(old: TextIO, new: TextIO) -> None:
     for logger in loggers:
         for handler in getattr(logger, "handlers", ()):
             if isinstance(handler, logging.StreamHandler) and handler.stream is old:
-                handler.setStream(new)
+                with handler.lock or contextlib.nullcontext():  # setStream would flush
+                    handler.stream = new  # the closed one, and fail
 
 
 class ProcessState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import io
 import json
+import logging
 import os
 import resource
 import signal
@@ -167,8 +168,9 @@ def _close_stdio() -> None:
         os.close(fd)
 
 
-def _close_stdout() -> None:
+def _close_streams() -> None:
     sys.stdout.close()
+    sys.stderr.close()
 
 
 def _replace_streams() -> None:
@@ -180,7 +182,7 @@ def _replace_streams() -> None:
 MISUSES: dict[str, Callable[[], object]] = {
     "close-stdio": _close_stdio,
     "replace-streams": _replace_streams,
-    "close-stdout": _close_stdout,
+    "close-streams": _close_streams,
     "nonblocking-stdout": lambda: os.set_blocking(1, False),
     "steal-sigterm": lambda: signal.signal(signal.SIGTERM, lambda signum, frame: None),
     "steal-sigterm-in-c": _ignore_sigterm_in_c,
@@ -221,6 +223,7 @@ def look() -> dict[str, Any]:
         "stdio": [[os.fstat(fd).st_ino, os.get_blocking(fd)] for fd in (0, 1, 2)],
         "streams": [s is getattr(sys, f"__{n}__") and not s.closed
                     for n, s in (("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr))],
+        "logging": [getattr(h, "stream", None) is sys.stderr for h in logging.getLogger().handlers],
         "handlers": {s.name: _handler_of(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD,
                                                       signal.SIGPIPE, signal.SIGUSR1, signal.SIGALRM)},
         "sigterm-in-c": getsig(signal.SIGTERM),
