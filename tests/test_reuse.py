@@ -27,8 +27,11 @@ def _start(supervise: Any, *args: str) -> Any:
     return supervise(*args, queues=("proc",), app=APP, concurrency=1)
 
 
-def _ended(db: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    row = wait_state(db, job_id, "complete", "dead", "cancelled")
+def _ended(db: psycopg.Connection[Any], sup: Any, job_id: int) -> dict[str, Any]:
+    try:
+        row = wait_state(db, job_id, "complete", "dead", "cancelled")
+    except pytest.fail.Exception:
+        pytest.fail(f"job {job_id} did not end; the supervisor's log:\n{sup.log()[-6000:]}")
     assert row["state"] == "complete", row["last_error"]
     assert row["attempt"] == 1 and row["errors"] == [], row["errors"]
     return row
@@ -51,7 +54,7 @@ def _around(db: psycopg.Connection[Any], supervise: Any, mode: str,
            atlantis.enqueue(db, "proc.Look", {"key": "after", "seconds": 0}, priority=3)]
     sup = _start(supervise, *args)
     for job_id in ids:  # each complete at its first attempt: none charged for another
-        _ended(db, job_id)
+        _ended(db, sup, job_id)
     [(_job, _attempt, seen, pid)] = events(db, mode)
     assert seen == f"pid={pid}"
     return _seen(db, "before"), pid, _seen(db, "after"), sup
@@ -81,7 +84,7 @@ def test_a_stolen_sigterm_is_taken_back_so_a_cancelled_job_sees_terminated(
     # saw its Terminated, its finally never ran, and the kill grace (2 s) ended it.
     misuse = atlantis.enqueue(db, "proc.Misuse", {"key": mode, "mode": mode})
     sup = _start(supervise, "--cancel-grace", "0.1s")
-    _ended(db, misuse)
+    _ended(db, sup, misuse)
     pid = events(db, mode)[0][3]
     job_id = atlantis.enqueue(db, "proc.Look", {"key": "victim", "seconds": 60})
     wait_for(lambda: events(db, "victim"), message="the next job to start")
@@ -141,6 +144,18 @@ def test_a_child_that_cannot_restore_itself_is_replaced_before_the_next_job(
     assert {k: after[k] for k in same} == {k: before[k] for k in same}
 
 
+def test_a_child_whose_stdout_is_gone_for_good_is_replaced_before_the_next_job(
+        db: psycopg.Connection[Any], supervise: Any) -> None:
+    # The handler closed descriptor 1 and every copy of it: the pipe cannot be had again.
+    before, pid, after, sup = _around(db, supervise, "lose-stdout")
+    assert pid == before["pid"] != after["pid"]
+    assert "descriptor 1 could not be put back" in sup.log()
+    assert "replacing the child" in sup.log()
+    job_id = events(db, "after")[0][0]
+    wait_for(lambda: _stdout_lines(db, job_id), message="the next job's output to be logged")
+    assert _stdout_lines(db, job_id) == [f"look after pid={after['pid']}"]
+
+
 def test_a_supervised_child_cannot_be_taken_out_of_its_session(
         db: psycopg.Connection[Any], supervise: Any) -> None:
     # Every child leads its own session, so the handler's os.setsid() fails (EPERM): a
@@ -149,8 +164,8 @@ def test_a_supervised_child_cannot_be_taken_out_of_its_session(
     ids = [atlantis.enqueue(db, "proc.Look", {"key": "before", "seconds": 0}, priority=1),
            atlantis.enqueue(db, "proc.Misuse", {"key": "setsid", "mode": "setsid"}, priority=2),
            atlantis.enqueue(db, "proc.Look", {"key": "after", "seconds": 0}, priority=3)]
-    _start(supervise)
+    sup = _start(supervise)
     row = wait_state(db, ids[1], "dead")
     assert row["last_error"].startswith("PermissionError: [Errno 1]")
-    _ended(db, ids[2])
+    _ended(db, sup, ids[2])
     assert _seen(db, "after") == _seen(db, "before")

@@ -168,6 +168,18 @@ def _close_stdio() -> None:
         os.close(fd)
 
 
+def _lose_stdout() -> None:
+    """Close descriptor 1 and every other that names the same pipe: no copy is left."""
+    target = os.readlink("/proc/self/fd/1")
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if name != "1" and os.readlink(f"/proc/self/fd/{name}") == target:
+                os.close(int(name))
+        except OSError:  # the directory's own descriptor, gone once listed
+            continue
+    os.close(1)
+
+
 def _close_streams() -> None:
     sys.stdout.close()
     sys.stderr.close()
@@ -183,6 +195,7 @@ MISUSES: dict[str, Callable[[], object]] = {
     "close-stdio": _close_stdio,
     "replace-streams": _replace_streams,
     "close-streams": _close_streams,
+    "lose-stdout": _lose_stdout,
     "nonblocking-stdout": lambda: os.set_blocking(1, False),
     "steal-sigterm": lambda: signal.signal(signal.SIGTERM, lambda signum, frame: None),
     "steal-sigterm-in-c": _ignore_sigterm_in_c,
