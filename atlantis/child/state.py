@@ -8,13 +8,14 @@ kills the next attempt. :class:`ProcessState` notes, once the child is ready to 
 what the child owns, and :meth:`ProcessState.restore` puts it back after each attempt,
 before its ``Done`` goes out (so before the supervisor can send the next ``Run``):
 
-- descriptors 0-2 (the same files, blocking) and ``sys.stdin``, ``sys.stdout`` and
+- descriptors 0-2 (the same files, blocking: copies of them are kept above the low
+  numbers a handler's files take) and ``sys.stdin``, ``sys.stdout`` and
   ``sys.stderr`` (the same objects, or new ones on descriptors 0-2 if they were closed);
 - the disposition of every signal as Python's ``signal`` module sees it (SIGTERM, SIGINT,
   SIGCHLD, SIGPIPE, the parent-death signal...), and SIGTERM's C-level handler too, which
   a C library may replace without Python knowing (:data:`RELIED_ON`); the main thread's
-  signal mask (a signal left pending while the
-  handler blocked it is discarded, except SIGTERM and the parent-death signal);
+  signal mask (a signal left pending while the handler blocked it is discarded, except
+  SIGTERM and the parent-death signal);
 - alarms and interval timers (``ITIMER_REAL``, ``ITIMER_VIRTUAL``, ``ITIMER_PROF``),
   except those the app itself had running;
 - the working directory, the umask, ``os.environ`` and every rlimit;
@@ -27,10 +28,15 @@ a lost copy of a descriptor, another session) is returned as a reason: the child
 reports it with the attempt's result and exits, and the supervisor replaces it before it
 could run another attempt.
 
-Every check is a comparison with what was noted, and a change is written back only when
-found: in the usual case (nothing changed) a restore costs about twenty cheap system
-calls (fstat of 0-2 and their blocking flags, the mask, three timers, cwd, umask, the
-rlimits) and a few dozen C calls, tens of microseconds (see the report in the README).
+Cost, in the usual case where nothing changed: about twenty cheap system calls (three
+``dup2`` and ``F_GETFL`` for descriptors 0-2: cheaper than the ``fstat`` that would tell
+whether they changed; three timers; the mask; one ``sigaction`` for SIGTERM; cwd; umask;
+one read of ``/proc/self/limits`` for every rlimit) and a few comparisons in memory (every
+signal's Python handler, ``os.environ``). Something is written back only when found
+changed, except descriptors 0-2 and the umask, where writing costs no more than reading.
+Measured with ``python -m benchmarks.restore``: 15-20 us of CPU in a warm loop, about 30
+between real attempts (caches cold) on a busy 2-core VM where a no-op attempt costs its
+child 110-170 us.
 """
 
 from __future__ import annotations
