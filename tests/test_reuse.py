@@ -104,6 +104,7 @@ def test_a_stolen_sigterm_is_taken_back_so_a_cancelled_job_sees_terminated(
     "nonblocking-stdout",   # O_NONBLOCK on descriptor 1
     "signals",              # SIGCHLD and SIGINT ignored, SIGPIPE default, a SIGUSR1 handler
     "block-signals",        # SIGTERM, SIGINT, SIGUSR1 blocked by pthread_sigmask
+    "pending-signal",       # SIGUSR1 blocked and raised: unblocked, it would kill the child
     "alarm",                # signal.alarm(600) left armed
     "itimers",              # ITIMER_VIRTUAL and ITIMER_PROF left running
     "cwd",                  # os.chdir(tempdir)
@@ -138,8 +139,9 @@ def test_a_child_that_cannot_restore_itself_is_replaced_before_the_next_job(
         assert after == before
         return
     assert after["pid"] != before["pid"]
-    assert "RLIMIT_NOFILE could not be put back" in sup.log()
-    assert "replacing the child" in sup.log()
+    assert (f"job={events(db, 'rlimit-hard')[0][0]} attempt=1: the handler left the child unfit "
+            "for another attempt: RLIMIT_NOFILE could not be put back to") in sup.log()
+    assert "; replacing the child" in sup.log()
     same = ("streams", "handlers", "mask", "timers", "cwd", "umask")
     assert {k: after[k] for k in same} == {k: before[k] for k in same}
 
@@ -149,8 +151,9 @@ def test_a_child_whose_stdout_is_gone_for_good_is_replaced_before_the_next_job(
     # The handler closed descriptor 1 and every copy of it: the pipe cannot be had again.
     before, pid, after, sup = _around(db, supervise, "lose-stdout")
     assert pid == before["pid"] != after["pid"]
-    assert "descriptor 1 could not be put back" in sup.log()
-    assert "replacing the child" in sup.log()
+    assert (f"job={events(db, 'lose-stdout')[0][0]} attempt=1: the handler left the child unfit "
+            "for another attempt: descriptor 1 could not be put back") in sup.log()
+    assert "; replacing the child" in sup.log()
     job_id = events(db, "after")[0][0]
     wait_for(lambda: _stdout_lines(db, job_id), message="the next job's output to be logged")
     assert _stdout_lines(db, job_id) == [f"look after pid={after['pid']}"]

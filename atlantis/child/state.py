@@ -263,7 +263,7 @@ class ProcessState:
             handler = _signal.getsignal(signum)
             if handler is None:
                 continue
-            _signal.signal(signum, signal.SIG_IGN)
+            _signal.signal(signum, _signal.SIG_IGN)  # not the enum: _signal wants its own
             _signal.signal(signum, handler)
         _signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
 

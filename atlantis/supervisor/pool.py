@@ -285,7 +285,8 @@ class Pool:
         elif msg.retire is not None:
             # The handler changed the child's process in a way it could not undo: the next
             # attempt goes to a fresh child, never to this one.
-            log.warning("%s: %s; replacing the child", a.tag(), policy.clip(msg.retire, 4096),
+            log.warning("%s: the handler left the child unfit for another attempt: %s; "
+                        "replacing the child", a.tag(), policy.clip(msg.retire, 4096),
                         extra=a.log_extra())
             self.retire(child)
         elif (s.isolation == "fresh" or child.generation != self.generation

@@ -180,6 +180,13 @@ def _lose_stdout() -> None:
     os.close(1)
 
 
+def _leave_a_signal_pending() -> None:
+    """SIGUSR1, whose default action ends the process, blocked and sent to this thread (a
+    signal sent to the process would go to a thread that does not block it): it waits."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+
 def _close_streams() -> None:
     sys.stdout.close()
     sys.stderr.close()
@@ -205,6 +212,7 @@ MISUSES: dict[str, Callable[[], object]] = {
                         signal.signal(signal.SIGUSR1, lambda signum, frame: None)),
     "block-signals": lambda: signal.pthread_sigmask(
         signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}),
+    "pending-signal": _leave_a_signal_pending,
     "alarm": lambda: signal.alarm(600),
     "itimers": lambda: (signal.setitimer(signal.ITIMER_VIRTUAL, 600),
                         signal.setitimer(signal.ITIMER_PROF, 600, 600)),
