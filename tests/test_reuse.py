@@ -109,7 +109,7 @@ def test_a_stolen_sigterm_is_taken_back_so_a_cancelled_job_sees_terminated(
     "itimers",              # ITIMER_VIRTUAL and ITIMER_PROF left running
     "cwd",                  # os.chdir(tempdir)
     "umask",                # os.umask(0o077)
-    "environ",              # a variable added, PATH changed, another removed
+    "environ",              # a variable added, PATH changed, one removed, TZ set (tzset)
     "rlimit",               # the soft limit of open files lowered
 ])
 def test_what_a_handler_changed_in_its_process_is_put_back_for_the_next_job(

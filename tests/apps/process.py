@@ -161,6 +161,8 @@ def _set_environ() -> None:
     os.environ["ATLANTIS_TEST_LEAK"] = "leaked"
     os.environ["PATH"] = "/nowhere"
     os.environ.pop("PYTHONUNBUFFERED", None)
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
 
 
 def _close_stdio() -> None:
@@ -254,6 +256,7 @@ def look() -> dict[str, Any]:
         "cwd": os.getcwd(),
         "umask": umask,
         "environ": dict(os.environ),
+        "tzname": time.tzname,
         "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
         "session": [os.getsid(0), os.getpgrp()],
     }
