@@ -138,7 +138,7 @@ class Child(Peer):
     """``python -m atlantis.child`` on pipes of its own, in a session of its own."""
 
     def __init__(self, tmp: Path, app: str = APP, expect_ready: bool = True,
-                 with_cell: bool = False) -> None:
+                 with_cell: bool = False, own_session: bool = True) -> None:
         ctl_r, control = os.pipe()
         events, ev_w = os.pipe()
         cell, cell_fd = LeaseCell.create() if with_cell else (None, -1)
@@ -149,7 +149,7 @@ class Child(Peer):
             [sys.executable, "-m", "atlantis.child", "--app", app,
              "--control-fd", str(ctl_r), "--events-fd", str(ev_w), *extra],
             pass_fds=(ctl_r, ev_w, *([cell_fd] if with_cell else [])), stdin=subprocess.DEVNULL,
-            stdout=self._err, stderr=self._err, start_new_session=True, cwd=ROOT,
+            stdout=self._err, stderr=self._err, start_new_session=own_session, cwd=ROOT,
         )
         for fd in (ctl_r, ev_w, *([cell_fd] if with_cell else [])):
             os.close(fd)
@@ -387,6 +387,19 @@ def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> 
     assert time.monotonic() - started < 10  # not the 20 s sleep, nor the lease's end
     assert f"atlantis: job={job_id}: the child lost its control pipe (" in child.stderr()
     assert "; stopping the attempt" in child.stderr()
+
+
+def test_a_child_taken_out_of_its_session_says_so_and_exits(tmp_path: Path) -> None:
+    # Not leading a session of its own (started by hand), the child's os.setsid() works
+    # and takes it out of reach of a kill of its group: it must not run another attempt.
+    c = Child(tmp_path, own_session=False)
+    try:
+        _, done = c.attempt("setsid")
+        assert done.outcome == "complete" and done.error is None, done
+        assert done.retire is not None and "another session or process group" in done.retire
+        assert c.wait() == 0
+    finally:
+        c.close()
 
 
 def test_a_watchdog_that_dies_kills_the_tree(child: Child) -> None:

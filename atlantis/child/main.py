@@ -13,6 +13,7 @@ number of ``Checkpoint`` and exactly one ``Done``, unless it dies first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import secrets
@@ -30,6 +31,7 @@ from atlantis.child.exits import (
     TermSignal,
     exit_now,
 )
+from atlantis.child.state import ProcessState
 from atlantis.child.text import MAX_ERROR_CHARS, child_error, describe, text_of
 from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent
 from atlantis.child.watchdog import Watchdog
@@ -73,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     return serve(registry, opts.control_fd, opts.events_fd, opts.lease_fd)
 
 
-def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | None = None) -> int:
+def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | None = None,
+          reused: bool = True) -> int:
     """Announce readiness, then run attempts until the control pipe closes.
 
-    Also the entry point of a worker forked by the zygote, with the app already imported.
+    Also the entry point of a worker forked by the zygote, with the app already imported
+    (``reused`` False: it runs one attempt, so its process state is never put back).
     Every ``Run`` gets one ``Done``, whatever the handler did, unless the process dies
-    first (killed, or its events pipe lost).
+    first (killed, or its events pipe lost). A reused child puts back the process state
+    it owns after each attempt, before its ``Done`` (:mod:`atlantis.child.state`); one
+    that cannot says why in that ``Done`` (``retire``) and exits.
     """
     term = TermSignal()
     channel = Channel(events_fd, term)
@@ -94,6 +100,7 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | N
     channel.send(Ready(pid=os.getpid(), tree=tree, jobs="\n".join(sorted(registry.registrations))))
     # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
     signal.signal(signal.SIGTERM, term.handler)
+    state = ProcessState() if reused else None
     while True:
         term.idle = True
         try:
@@ -108,11 +115,16 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | N
             done, must_exit = Done(job_id=run.job_id, outcome="failed", error=child_error(
                 "exception", f"the child failed while ending the attempt: {describe(exc)}",
                 exc)), True
+        if state is not None and not (must_exit or done.leftovers or term.received):
+            why = state.restore()
+            if why is not None:
+                done = dataclasses.replace(done, retire=clip(text_of(why), MAX_ERROR_CHARS))
         channel.send_done(done)
         channel.job_id = None
-        if done.leftovers:
+        if done.leftovers or done.retire is not None:
             # A leftover thread cannot be stopped, and a normal exit would wait for every
-            # non-daemon one: leave at once (the supervisor starts a replacement).
+            # non-daemon one; nor can a process that could not be put back serve on: leave
+            # at once (the supervisor starts a replacement).
             exit_now(0)
         if must_exit or term.received:
             return 0

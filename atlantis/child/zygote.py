@@ -87,7 +87,7 @@ def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int, lease_fd:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         _die_with_parent()
-        code = serve(registry, control_fd, events_fd, lease_fd)
+        code = serve(registry, control_fd, events_fd, lease_fd, reused=False)
     finally:
         try:
             sys.stdout.flush()

@@ -18,7 +18,8 @@ child -> supervisor (events pipe)
              ``jobs`` the jobs it has a handler for (the supervisor hands it only those)
   Fatal      the app could not be loaded; the child exits
   Checkpoint progress; ``pct`` None stands for NaN
-  Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``
+  Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
+             ``retire`` says why the child will run no other attempt
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
   Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe
 """
@@ -123,6 +124,9 @@ class Done:
     error: ChildError | None = None
     delay: float = 0.0
     leftovers: list[str] = field(default_factory=list)
+    retire: str | None = None
+    """Why this child runs no other attempt: the handler left its process in a state it
+    could not put back (:mod:`atlantis.child.state`). It exits; the supervisor replaces it."""
     t: Literal["done"] = "done"
 
 

@@ -340,6 +340,13 @@ class Pool:
             log.warning("%s: the handler returned but left work running: %s; terminated it",
                         a.tag(), policy.clip("; ".join(msg.leftovers), 4096), extra=a.log_extra())
             child.state = "retiring"  # it exits by itself; a fresh child replaces it
+        elif msg.retire is not None:
+            # The handler changed the child's process in a way it could not undo: the next
+            # attempt goes to a fresh child, never to this one.
+            log.warning("%s: the handler left the child unfit for another attempt: %s; "
+                        "replacing the child", a.tag(), policy.clip(msg.retire, 4096),
+                        extra=a.log_extra())
+            self.retire(child)
         elif (s.isolation == "fresh" or child.generation != self.generation
               or (s.max_jobs_per_child and child.jobs_run >= s.max_jobs_per_child)
               or self.rt.draining or a.stop_reason is not None):

@@ -39,6 +39,9 @@ Failures the child reports and survives:
   sent, says ``<unprintable>``).
 - ``sleep``: sleeps up to 20 s; once ``ctx.cancelled`` turns true it raises
   ``Discard("saw the cancel")`` instead. For leases, cancels, SIGTERM and timeouts.
+- ``setsid``: ``os.setsid()``, returns; ``complete``. Only a child that does not lead its
+  own session can: it then reports ``retire`` (out of reach of a kill of its group) and
+  exits 0. In one that does (as every supervised child), ``failed`` with PermissionError.
 - anything else: ``raise ValueError("unknown mode ...")``.
 
 Faults that end the child, loudly:
@@ -173,6 +176,9 @@ def misbehave(ctx: atlantis.JobContext, args: Any) -> None:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(thread.ident), ctypes.py_object(RuntimeError))
         time.sleep(20)
+        return
+    if mode == "setsid":
+        os.setsid()
         return
     if mode in ("close-fds", "close-fds-sleep"):
         os.closerange(3, 65536)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
+import io
+import json
+import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import atlantis
@@ -135,3 +142,141 @@ def crash(ctx: atlantis.JobContext, args: Any) -> None:
     pids = spawn_escapees()
     record(ctx, args.key, " ".join(f"{k}={v}" for k, v in pids.items()))
     os._exit(3)
+
+
+def _ignore_sigterm_in_c() -> None:
+    """As a C library would: SIGTERM ignored through libc, behind Python's back."""
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGTERM, 1)  # SIG_IGN
+
+
+def _lower_nofile(hard: bool) -> None:
+    soft, limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256 if hard else limit))
+
+
+def _set_environ() -> None:
+    os.environ["ATLANTIS_TEST_LEAK"] = "leaked"
+    os.environ["PATH"] = "/nowhere"
+    os.environ.pop("PYTHONUNBUFFERED", None)
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+
+
+def _close_stdio() -> None:
+    for fd in (0, 1, 2):
+        os.close(fd)
+
+
+def _lose_stdout() -> None:
+    """Close descriptor 1 and every other that names the same pipe: no copy is left."""
+    target = os.readlink("/proc/self/fd/1")
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if name != "1" and os.readlink(f"/proc/self/fd/{name}") == target:
+                os.close(int(name))
+        except OSError:  # the directory's own descriptor, gone once listed
+            continue
+    os.close(1)
+
+
+def _leave_a_signal_pending() -> None:
+    """SIGUSR1, whose default action ends the process, blocked and sent to this thread (a
+    signal sent to the process would go to a thread that does not block it): it waits."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+
+def _close_streams() -> None:
+    sys.stdout.close()
+    sys.stderr.close()
+
+
+def _replace_streams() -> None:
+    sys.stdout = io.StringIO()
+    sys.stderr = io.StringIO()
+
+
+#: What proc.Misuse does to its process, by mode, before it returns.
+MISUSES: dict[str, Callable[[], object]] = {
+    "close-stdio": _close_stdio,
+    "replace-streams": _replace_streams,
+    "close-streams": _close_streams,
+    "lose-stdout": _lose_stdout,
+    "nonblocking-stdout": lambda: os.set_blocking(1, False),
+    "steal-sigterm": lambda: signal.signal(signal.SIGTERM, lambda signum, frame: None),
+    "steal-sigterm-in-c": _ignore_sigterm_in_c,
+    "signals": lambda: (signal.signal(signal.SIGCHLD, signal.SIG_IGN),
+                        signal.signal(signal.SIGPIPE, signal.SIG_DFL),
+                        signal.signal(signal.SIGINT, signal.SIG_IGN),
+                        signal.signal(signal.SIGUSR1, lambda signum, frame: None)),
+    "block-signals": lambda: signal.pthread_sigmask(
+        signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}),
+    "pending-signal": _leave_a_signal_pending,
+    "alarm": lambda: signal.alarm(600),
+    "itimers": lambda: (signal.setitimer(signal.ITIMER_VIRTUAL, 600),
+                        signal.setitimer(signal.ITIMER_PROF, 600, 600)),
+    "cwd": lambda: os.chdir(tempfile.gettempdir()),
+    "umask": lambda: os.umask(0o077),
+    "environ": _set_environ,
+    "rlimit": lambda: _lower_nofile(hard=False),
+    "rlimit-hard": lambda: _lower_nofile(hard=True),
+    "setsid": os.setsid,
+}
+
+
+def _handler_of(signum: int) -> str:
+    handler = signal.getsignal(signum)
+    if handler in (signal.SIG_DFL, signal.SIG_IGN):
+        return "default" if handler == signal.SIG_DFL else "ignore"
+    return str(getattr(handler, "__qualname__", repr(handler)))
+
+
+def look() -> dict[str, Any]:
+    """What a handler sees of its process, all of it that a misuse above may change."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    getsig = ctypes.pythonapi.PyOS_getsig
+    getsig.restype = ctypes.c_void_p
+    getsig.argtypes = [ctypes.c_int]
+    return {
+        "pid": os.getpid(),
+        "stdio": [[os.fstat(fd).st_ino, os.get_blocking(fd)] for fd in (0, 1, 2)],
+        "streams": [s is getattr(sys, f"__{n}__") and not s.closed
+                    for n, s in (("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr))],
+        "logging": [getattr(h, "stream", None) is sys.stderr for h in logging.getLogger().handlers],
+        "handlers": {s.name: _handler_of(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD,
+                                                      signal.SIGPIPE, signal.SIGUSR1, signal.SIGALRM)},
+        "sigterm-in-c": getsig(signal.SIGTERM),
+        "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ())),
+        "timers": [signal.getitimer(w) != (0.0, 0.0)
+                   for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)],
+        "cwd": os.getcwd(),
+        "umask": umask,
+        "environ": dict(os.environ),
+        "tzname": time.tzname,
+        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+        "session": [os.getsid(0), os.getpgrp()],
+    }
+
+
+@registry.handler("proc.Misuse")
+def misuse(ctx: atlantis.JobContext, args: Any) -> None:
+    record(ctx, args.key, f"pid={os.getpid()}")
+    MISUSES[args.mode]()
+
+
+@registry.handler("proc.Look")
+def look_handler(ctx: atlantis.JobContext, args: Any) -> None:
+    print(f"look {args.key} pid={os.getpid()}", flush=True)  # a closed stdout fails here
+    record(ctx, args.key, json.dumps(look()))
+    if not args.seconds:
+        return
+    try:
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:  # deaf to ctx.cancelled: only SIGTERM ends it early
+            time.sleep(0.05)
+    finally:
+        record(ctx, args.key, "finally")
