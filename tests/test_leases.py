@@ -179,8 +179,10 @@ def test_kill_9_supervisor_children_die_and_another_finishes(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
     # Long enough that none ends before the 20th starts (children start a few at a time; on a
-    # machine loaded 6x over, 8 s was not: the first attempt finished before the kill).
-    ids = atlantis.enqueue_many(db, "tests.Sleep", [{"key": f"k{i}", "seconds": 20.0} for i in range(20)])
+    # machine loaded 6x over, 8 s was not: the first attempt finished before the kill); the
+    # second attempts are short.
+    ids = atlantis.enqueue_many(db, "tests.Sleep", [
+        {"key": f"k{i}", "seconds": 30.0, "retry_seconds": 0.5} for i in range(20)])
     first = supervise(concurrency=20)
     wait_for(lambda: db.execute("SELECT count(*) FROM test_events WHERE event = 'started'").fetchone() == (20,),
              timeout=60, message="20 attempts started")

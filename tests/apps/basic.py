@@ -56,7 +56,9 @@ def echo(ctx: atlantis.JobContext, args: Any) -> None:
 @registry.handler("tests.Sleep")
 def sleep(ctx: atlantis.JobContext, args: Any) -> None:
     record(ctx, args.key, "started")
-    end = time.monotonic() + args.seconds
+    retry = getattr(args, "retry_seconds", None)  # tests.SleepSteady has none
+    seconds = retry if retry is not None and ctx.attempt > 1 else args.seconds
+    end = time.monotonic() + seconds
     while time.monotonic() < end:
         if args.checkpoint:
             ctx.checkpoint(50, "sleeping")
