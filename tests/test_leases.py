@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import subprocess
 from datetime import timedelta
@@ -484,8 +485,9 @@ def test_rows_held_through_a_stall_past_their_leases_are_never_started(
         " WHERE e.job_id = ANY(%s) AND t.started_at < %s", (held, resumed)).fetchall()
     assert stale == []
     # Given back (by the pool when the child came free, or by the claimer's look for stale
-    # rows, whichever ran first after the stall).
-    assert "gave back 3 rows claimed ahead" in log
+    # rows, whichever ran first after the stall; once in a loaded full run not all three in
+    # one pass, so the count is not asserted: what must hold is above).
+    assert re.search(r"gave back [123] rows? claimed ahead", log), log
 
 
 def test_a_drain_gives_held_rows_back_unspent(db: psycopg.Connection[Any],
