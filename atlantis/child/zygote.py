@@ -8,10 +8,10 @@ Protocol (:mod:`atlantis.protocol.messages`; SOCK_SEQPACKET, one ``dumps()`` bod
 the zygote sends ``ZygoteReady(pid)`` once the app is imported, ``ZygoteFatal(error)`` (and
 exits with ``EXIT_APP_ERROR``) if it cannot be, or ``Unsafe(reason)`` (and exits 0) if the
 app started threads at import. The supervisor then sends ``Fork(token)`` packets carrying
-exactly four descriptors (control, events, stdout, stderr); the zygote forks a worker that
+exactly five descriptors (control, events, stdout, stderr, the lease cell); the zygote forks a worker that
 serves on them and answers ``Forked(token, pid)``; it reaps its workers and reports each
 ``Exited(pid, code)`` (``code`` as in ``Popen.returncode``). A malformed packet (not a
-``Fork``, or not four descriptors) is dropped, its descriptors closed, and logged to
+``Fork``, or not five descriptors) is dropped, its descriptors closed, and logged to
 stderr; a fork the system refuses (after a few tries) is dropped the same way. The zygote
 ends at EOF on its socket; its workers die with it (parent-death signal).
 """

@@ -7,5 +7,3 @@ pages' few lines of plain JavaScript use too (``api.py``, documented in
 fanned out to every browser as server-sent events (``events.py``). Reads and writes go
 through the store layer (:mod:`atlantis.store.admin`, :mod:`atlantis.store.console`).
 """
-
-INSTALL_HINT = "the console needs its extra: pip install 'atlantis-jobs[console]'"

@@ -367,10 +367,6 @@ class EventReader:
         self._max = max_frame
         self._expect = expect
 
-    @property
-    def partial(self) -> bool:
-        return bool(self._buf)
-
     def feed(self, data: bytes) -> list[Message]:
         self._buf += data
         out: list[Message] = []

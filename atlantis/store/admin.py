@@ -123,10 +123,6 @@ class JobRow:
         return doc
 
 
-#: The rows of job listings are whole jobs.
-JobSummary = JobRow
-
-
 @dataclass(frozen=True, slots=True)
 class AttemptRow:
     """One ended attempt of a job (``atlantis.attempts``): the timeline. ``run`` is the job's

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import psycopg
@@ -50,7 +50,7 @@ EXIT_USAGE = 2
 log = logging.getLogger("atlantis.supervisor")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     """Exit 2 with one line on stderr (a multi-line message is folded onto it)."""
     message = " ".join(line.strip() for line in message.splitlines() if line.strip())
     click.echo(f"atlantis-supervise: {message}", err=True)
@@ -78,7 +78,6 @@ def main(**values: Any) -> None:
             settings = replace(settings, app=os.environ["ATLANTIS_APP"])
     except (AtlantisError, ValueError) as exc:
         _fail(str(exc))
-        return
     if not registry.registrations:
         _fail(f"--app {settings.app}: no handler is registered")
     explicit = settings.database_url or os.environ.get(ENV_URL)
@@ -86,14 +85,12 @@ def main(**values: Any) -> None:
         url = resolve_url(explicit)
     except Exception as exc:  # the embedded server could not start
         _fail(f"cannot start the embedded PostgreSQL: {exc}")
-        return
     try:
         check_url(url)
         if settings.handler_database_url:
             check_url(settings.handler_database_url)
     except ValueError as exc:  # the message is already free of any password
         _fail(f"--database-url: {exc}" if url == explicit else str(exc))
-        return
     if settings.log_format == "json":
         # Every line on stderr is then JSON, this one included.
         kind = "database" if explicit else "embedded PostgreSQL"
@@ -116,7 +113,6 @@ def main(**values: Any) -> None:
         code = asyncio.run(Supervisor(settings, registry, early_signals=early).run())
     except MetricsUnavailable as exc:  # before any child started or any row was claimed
         _fail(str(exc))
-        return
     logging.shutdown()
     sys.exit(code)
 

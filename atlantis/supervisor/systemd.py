@@ -37,10 +37,6 @@ class Notifier:
         if usec and usec.isdigit() and (not pid or pid == str(os.getpid())):
             self.watchdog_interval = int(usec) / 1_000_000 / 2
 
-    @property
-    def enabled(self) -> bool:
-        return self._sock is not None
-
     def notify(self, *lines: str) -> None:
         if self._sock is None or self._addr is None:
             return

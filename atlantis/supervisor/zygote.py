@@ -2,11 +2,11 @@
 
 The zygote is started like a child (a fresh interpreter that imports the app), then forks
 one worker per attempt on request. Requests and answers are asynchronous: a ``Fork``
-packet carries a token and the worker's four descriptors, the ``Forked`` answer names the
-token and the pid; the event loop never waits for it. Workers are the zygote's children:
-it reaps them and reports their exit codes here. If the zygote dies, its workers die with
-it (parent-death signal) and are reported killed, forks it never answered too; a new
-zygote is started. Every packet is validated; a malformed one kills the zygote.
+packet carries a token and the worker's five descriptors (control, events, stdout, stderr,
+the lease cell), the ``Forked`` answer names the token and the pid; the event loop never
+waits for it. Workers are the zygote's children: it reaps them and reports their exit
+codes here. If the zygote dies, its workers die with it (parent-death signal) and are
+reported killed, forks it never answered too; a new zygote is started. Every packet is validated; a malformed one kills the zygote.
 """
 
 from __future__ import annotations
