@@ -385,7 +385,7 @@ def test_console_refuses_foreign_host_headers(console_server: Callable[..., Cons
 
 def test_without_the_extra_it_says_how_to_install() -> None:
     code = ("import sys; sys.modules['uvicorn'] = None\n"
-            "from atlantis.cli.console import console\n"
+            "from atlantis.console.command import console\n"
             "console(['--port', '0'], prog_name='tide console')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)

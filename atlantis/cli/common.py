@@ -14,20 +14,23 @@ import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from atlantis.cli.escape import safe
 from atlantis.store import admin
 from atlantis.store.database import (
-    CONNECT_DEADLINE,
     ENV_URL,
-    STATEMENT_DEADLINE,
     DatabaseUrlError,
-    DeadlineConnection,
-    StatementDeadline,
     announce,
     check_url,
-    connect_timeout,
     describe_db_error,
     redact,
     resolve_url,
+)
+from atlantis.store.deadline import (
+    CONNECT_DEADLINE,
+    STATEMENT_DEADLINE,
+    DeadlineConnection,
+    StatementDeadline,
+    connect_timeout,
 )
 from atlantis.store.migrate import schema_problem
 from atlantis.units import format_duration, int_problem, parse_duration
@@ -48,8 +51,6 @@ _SCHEMA_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    from atlantis.cli.render import safe
-
     click.echo(f"tide: {safe(message)}", err=True)
     sys.exit(code)
 

@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from atlantis.cli.escape import safe
 from atlantis.store import doctor as checks
 from atlantis.units import format_duration
 
@@ -32,8 +33,6 @@ def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
            missed_within: str) -> None:
     """Check the database: bloat, old transactions, expired leases, unserved queues and jobs."""
     from atlantis.cli.common import _connect, _dump, _duration
-    from atlantis.cli.render import safe
-
     ages = (_duration("--xact-age", xact_age), _duration("--lease-grace", lease_grace),
             _duration("--missed-within", missed_within))
     with _connect(ctx) as conn:

@@ -30,6 +30,7 @@ from atlantis.cli.common import (
     _operator,
     _rows,
 )
+from atlantis.cli.escape import safe
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
 from atlantis.store import admin
 from atlantis.units import format_duration
@@ -265,8 +266,8 @@ def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
                "at": line.at.isoformat(), "stream": line.stream, "line": line.line}
         return orjson.dumps(doc).decode()
     stamp = line.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-    stream = click.style(f"{render.safe(line.stream):<6}", fg="red" if line.stream == "stderr" else None)
-    return f"{stamp} {stream} {render.safe(line.line)}"
+    stream = click.style(f"{safe(line.stream):<6}", fg="red" if line.stream == "stderr" else None)
+    return f"{stamp} {stream} {safe(line.line)}"
 
 
 @job.command("prune")

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import click
 
+from atlantis.cli.escape import safe
 from atlantis.store.schedules import Schedule, list_schedules
 from atlantis.units import format_duration
 
@@ -43,8 +44,6 @@ def _table(found: list[Schedule], now: datetime) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
-
-    from atlantis.cli.render import safe
 
     console = Console(soft_wrap=True)
     if not console.is_terminal:

@@ -32,12 +32,13 @@ from atlantis.cli.common import (
     _operator,
     _rows,
 )
-from atlantis.cli.console import console
 from atlantis.cli.doctor import doctor
+from atlantis.cli.escape import safe
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
 from atlantis.cli.usage import OneLineGroup
+from atlantis.console.command import console
 from atlantis.errors import AtlantisError
 from atlantis.store import admin, migrate, sync
 from atlantis.store.database import (
@@ -110,7 +111,7 @@ def queue_pause(ctx: click.Context, name: str, reason: str | None) -> None:
     with _connect(ctx) as conn:
         _check_queue(conn, name)
         changed = admin.pause_queue(conn, name, reason=reason, by=_operator())
-    click.echo(f"queue {render.safe(name)} paused"
+    click.echo(f"queue {safe(name)} paused"
                + ("" if changed else " (it was paused already)"))
 
 
@@ -122,7 +123,7 @@ def queue_resume(ctx: click.Context, name: str) -> None:
     with _connect(ctx) as conn:
         _check_queue(conn, name)
         changed = admin.resume_queue(conn, name, by=_operator())
-    shown = render.safe(name)
+    shown = safe(name)
     click.echo(f"queue {shown} resumed" if changed else f"queue {shown} was not paused")
 
 

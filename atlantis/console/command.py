@@ -1,7 +1,8 @@
 """``tide console``: the web console (the optional extra ``atlantis-jobs[console]``).
 
-``tide`` adds the command with ``main.add_command(console)``; it also runs on its own as
-``python -m atlantis.console``. Without the extra installed it says how to install it and
+It lives with the console, the lower layer: ``tide`` (:mod:`atlantis.cli`) adds the command
+with ``main.add_command(console)``, and it also runs on its own as
+``python -m atlantis.console``; nothing of the console imports the CLI. Without the extra installed it says how to install it and
 exits 2. It binds to 127.0.0.1 unless told otherwise, is read-only unless
 ``ATLANTIS_CONSOLE_TOKEN`` is set, and with ``--private`` asks for the token before showing
 anything. ``--port 0`` picks a free port; the address is printed on stderr either way.
