@@ -121,13 +121,13 @@ WITH r AS (
            -- supervisor stopped the attempt for a cancel) naming who cancelled.
            CASE WHEN r.error IS NULL THEN NULL
                 WHEN r.error->>'kind' = 'cancelled' THEN r.error || jsonb_strip_nulls(
-                     jsonb_build_object('run', j.run, 'message', 'cancelled by '
-                                        || coalesce(j.cancelled_by, 'an operator'),
+                     jsonb_build_object('run', j.run,
+                                        'message', atlantis.cancel_message(j.cancelled_by),
                                         'by', j.cancelled_by))
                 ELSE r.error || jsonb_build_object('run', j.run) END AS err,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object(
                'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-               'message', 'cancelled by ' || coalesce(j.cancelled_by, 'an operator'),
+               'message', atlantis.cancel_message(j.cancelled_by),
                'by', j.cancelled_by)) END AS cancel_error
       -- Row by row through the primary key, whatever the planner thinks of the JSON's size:
       -- joined the other way, every running row of this worker met every result (the
@@ -215,7 +215,7 @@ WITH expired AS MATERIALIZED (
            finished_at = CASE WHEN j.attempt >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
                               THEN now() END,
            last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
-                             THEN 'cancelled by ' || coalesce(j.cancelled_by, 'an operator')
+                             THEN atlantis.cancel_message(j.cancelled_by)
                              ELSE format('lease expired, worker %%s presumed dead', j.claimed_by) END,
            error_count = j.error_count + 1,
            errors = atlantis.errors_append(j.errors, jsonb_build_object(
@@ -223,7 +223,7 @@ WITH expired AS MATERIALIZED (
                'kind', CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                             ELSE 'lease_expired' END,
                'message', CASE WHEN j.cancel_requested_at IS NOT NULL
-                               THEN 'cancelled by ' || coalesce(j.cancelled_by, 'an operator')
+                               THEN atlantis.cancel_message(j.cancelled_by)
                                     || format(' (lease expired, worker %%s presumed dead)',
                                               j.claimed_by)
                                ELSE format('lease expired, worker %%s presumed dead', j.claimed_by)
@@ -269,13 +269,13 @@ UPDATE atlantis.jobs
    SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END,
        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
        last_error = CASE WHEN cancel_requested_at IS NOT NULL
-                         THEN 'cancelled by ' || coalesce(cancelled_by, 'an operator')
+                         THEN atlantis.cancel_message(cancelled_by)
                          ELSE last_error END,
        error_count = error_count + CASE WHEN cancel_requested_at IS NOT NULL THEN 1 ELSE 0 END,
        errors = CASE WHEN cancel_requested_at IS NOT NULL
                      THEN atlantis.errors_append(errors, jsonb_strip_nulls(jsonb_build_object(
                           'run', run, 'attempt', attempt - 1, 'kind', 'cancelled',
-                          'message', 'cancelled by ' || coalesce(cancelled_by, 'an operator'),
+                          'message', atlantis.cancel_message(cancelled_by),
                           'by', cancelled_by, 'at', now(), 'worker', claimed_by)))
                      ELSE errors END,
        attempt = attempt - 1, run_at = now(), claimed_until = NULL
