@@ -59,7 +59,7 @@ class Claimer(Service):
         self.pool = pool
         self.completer = completer
         self.jobs = jobs
-        """The jobs to claim now (they change with a reload, see Pool.served)."""
+        """The jobs to claim now (they change with a reload, see supervisor/jobset.py)."""
         self._orphans_possible = False
         self._stale_at: int | None = None
         """``rt.attempts_ended`` when held rows last went stale: hold none until it moves."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
 from atlantis.store.jobs import Progress
@@ -21,6 +21,7 @@ from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.children import Child, spawn_child
 from atlantis.supervisor.completer import Completer
+from atlantis.supervisor.jobset import JobSet
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.zygote import Zygote
@@ -65,56 +66,18 @@ class Pool:
         self.zygote: Zygote | None = None
         self.old_zygotes: list[Zygote] = []
         self.fork_unsafe: str | None = None
-        self.configured = frozenset(jobs)
-        """The jobs of the app as last loaded (at start, or by the last successful reload)."""
-        self.on_served_change: Callable[[], None] = lambda: None
-        self._served: list[str] = sorted(self.configured)
+        self.jobset = JobSet(jobs)
 
     # ---- children -------------------------------------------------------------------------
 
     def idle(self) -> list[Child]:
         return [c for c in self.children if c.state == "idle"]
 
-    def served(self) -> list[str]:
-        """The jobs to claim: those of the newest generation that has a ready child.
-
-        Each child says in its Ready which jobs it has a handler for. After a reload, the
-        old children serve the old job set until a new one is ready; from then on only the
-        new set is claimed (the old children still run rows of it they have a handler for,
-        until they retire). Before any child is ready: the jobs of the app as loaded.
-        """
-        ready = [c for c in self.children if c.state in ("idle", "busy") and c.jobs is not None]
-        if not ready:
-            return sorted(self.configured)
-        newest = max(c.generation for c in ready)
-        jobs: set[str] = set()
-        for c in ready:
-            if c.generation == newest and c.jobs is not None:
-                jobs |= c.jobs
-        return sorted(jobs)
-
-    def _check_served(self) -> None:
-        served = self.served()
-        if served != self._served:
-            added = sorted(set(served) - set(self._served))
-            removed = sorted(set(self._served) - set(served))
-            self._served = served
-            if added or removed:
-                log.info("now claiming jobs of %d types%s%s", len(served),
-                         f"; added {', '.join(added)}" if added else "",
-                         f"; removed {', '.join(removed)}" if removed else "")
-            self.on_served_change()
-
-    @staticmethod
-    def runs(child: Child, job: str) -> bool:
-        """Whether ``child`` has a handler for ``job`` (a child that did not say: any)."""
-        return child.jobs is None or job in child.jobs
-
     def _idle_for(self, job: str) -> Child | None:
         """An idle child that can run ``job``, of the current generation if one is idle."""
         best: Child | None = None
         for c in self.children:
-            if c.state == "idle" and self.runs(c, job):
+            if c.state == "idle" and JobSet.runs(c, job):
                 if c.generation == self.generation:
                     return c
                 best = best or c
@@ -159,7 +122,7 @@ class Pool:
         of the app as just loaded (the new children say theirs when ready).
         """
         if jobs is not None:
-            self.configured = frozenset(jobs)
+            self.jobset.reload(jobs, self.children)
         self.generation += 1
         log.info("SIGHUP: replacing children (generation %d)", self.generation)
         for child in list(self.children):
@@ -308,7 +271,7 @@ class Pool:
                 if old is not None:
                     self.retire(old)
                 self.feed()
-            self._check_served()
+            self.jobset.update(self.children)
             rt.wake.set()
             return
         if isinstance(msg, Fatal):
@@ -394,7 +357,7 @@ class Pool:
             if not z.watching:
                 z.close()
         self.ensure()
-        self._check_served()
+        self.jobset.update(self.children)
         rt.wake.set()
         rt.changed.set()
 

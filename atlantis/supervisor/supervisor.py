@@ -83,10 +83,11 @@ class Supervisor:
         self.logs = AttemptLogs(rt)
         self.pool = Pool(rt, self.completer, self.logs, self.jobs)
         self.leases = Leases(rt)
-        self.claimer = Claimer(rt, self.pool, self.completer, self.pool.served)
+        jobset = self.pool.jobset
+        self.claimer = Claimer(rt, self.pool, self.completer, lambda: jobset.claimed)
         self.upkeep = Upkeep(rt, self.completer, lambda: len(self.pool.children),
-                             self.pool.served)
-        self.pool.on_served_change = self.upkeep.refresh.set
+                             lambda: jobset.claimed)
+        jobset.on_change = self.upkeep.refresh.set
         self.scheduler = Scheduler(rt, self.decls)
         self.retention = Retention(rt)
         rt.health.on_change = self._health_changed
