@@ -1,0 +1,24 @@
+"""The environment variables atlantis reads or sets: each name written here once."""
+
+from __future__ import annotations
+
+#: The database the supervisor, tide and the app's enqueue calls use.
+DATABASE_URL = "ATLANTIS_DATABASE_URL"
+
+#: The database URL handed to children instead of the supervisor's own.
+HANDLER_DATABASE_URL = "ATLANTIS_HANDLER_DATABASE_URL"
+
+#: The app to import: a module, or ``module:attribute``.
+APP = "ATLANTIS_APP"
+
+#: The embedded PostgreSQL's home (data directory and socket).
+HOME = "ATLANTIS_HOME"
+
+#: tide's statement deadline.
+TIDE_TIMEOUT = "ATLANTIS_TIDE_TIMEOUT"
+
+#: The console's bearer token.
+CONSOLE_TOKEN = "ATLANTIS_CONSOLE_TOKEN"
+
+#: Set in every child: the token that marks its process tree.
+TREE = "ATLANTIS_TREE"
