@@ -22,8 +22,8 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.store.jobs import ClaimedRow, Result, finish_params
 from atlantis.store.queries import Q
+from atlantis.store.supervision import ClaimedRow, Result, finish_params
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.completer import Completer
 from atlantis.supervisor.db import DatabaseUnavailable, Db, StatementRejected, classify
@@ -321,7 +321,7 @@ def test_a_service_loop_that_dies_is_logged_and_restarted(caplog: pytest.LogCapt
 
     async def go() -> None:
         svc = Flaky(Runtime(Settings(queues=("q",), respawn_max=0.01)))
-        svc.start()
+        await svc.start()
         for _ in range(200):
             if len(calls) >= 3:
                 break
@@ -416,11 +416,11 @@ def test_a_backlog_of_results_goes_out_in_batches_of_bounded_size(
         for i in ids:
             row = ClaimedRow(i, "contain.Act", "contain", "{}", 1, 1, False, 30.0, 3.0, 0.0,
                              datetime.now(UTC))
-            completer.queue.append((Attempt(row=row, lease_end=0, renewed_at=0),
+            rt.ledger.ended.append((Attempt(row=row, lease_end=0, renewed_at=0),
                                     Result(i, 1, "complete", True, 0.0, None, None)))
         task = asyncio.create_task(completer._write_loop())
         completer.flush.set()
-        while completer.queue or completer.writing:
+        while rt.ledger.unwritten:
             await rt.wait_changed(1.0)
         task.cancel()
         await rt.close_databases()

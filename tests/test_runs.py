@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.store.jobs import Renewal, Result, finish_params, touch_params
 from atlantis.store.queries import Q
+from atlantis.store.supervision import Renewal, Result, finish_params, renew_params
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
 from tests.test_operations import make_dead
 
@@ -176,7 +176,7 @@ def test_a_late_write_of_an_earlier_run_never_lands_on_the_next(
     assert (second["id"], second["run"], second["attempt"]) == (job_id, 2, 1)
     # Run 1's attempt 1, late: neither its renewal nor its result is written.
     late = Renewal(job_id, 1, None, run=1)
-    assert db.execute(Q.touch, touch_params(worker, [late])).fetchall() == []
+    assert db.execute(Q.renew, renew_params(worker, [late])).fetchall() == []
     result = Result(job_id, 1, "complete", True, 0.0, None, None, "complete", run=1)
     assert db.execute(Q.finish, finish_params(worker, [result])).fetchall() == []
     row = job_row(db, job_id)
@@ -185,7 +185,7 @@ def test_a_late_write_of_an_earlier_run_never_lands_on_the_next(
                       (job_id,)).fetchone() == (1,)  # run 1's rescue only
     # Run 2's own are.
     own = Renewal(job_id, 1, None, run=2)
-    assert db.execute(Q.touch, touch_params(worker, [own])).fetchall() == [(job_id, False)]
+    assert db.execute(Q.renew, renew_params(worker, [own])).fetchall() == [(job_id, False)]
     done = Result(job_id, 1, "complete", True, 0.0, None, None, "complete", run=2)
     assert db.execute(Q.finish, finish_params(worker, [done])).fetchall() == [(job_id, "complete")]
     assert db.execute("SELECT run, attempt, outcome FROM atlantis.attempts WHERE job_id = %s "

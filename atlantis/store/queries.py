@@ -18,7 +18,7 @@ class Queries:
     enqueue_many: LiteralString
     sync_job_type: LiteralString
     claim: LiteralString
-    touch: LiteralString
+    renew: LiteralString
     finish: LiteralString
     rescue: LiteralString
     worker_upsert: LiteralString

@@ -54,7 +54,7 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
           extract(epoch FROM j.backoff)::float8 AS backoff,
           now() + j.timeout AS deadline
 
--- name: touch
+-- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
 -- also record it, and sample it into progress_history (at most one sample a second, the
 -- last 200). Rows missing from the result have lost their lease.

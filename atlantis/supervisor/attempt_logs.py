@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from atlantis.store.queries import Q
+from atlantis.store import supervision as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.policy import clip
@@ -101,11 +101,8 @@ class AttemptLogs(Service):
                 batch.extend((job_id, run, attempt, x) for x in lines)
         if batch:
             try:
-                await self.db.fetch(Q.log_insert, {
-                    "job_ids": [b[0] for b in batch], "runs": [b[1] for b in batch],
-                    "attempts": [b[2] for b in batch], "ats": [b[3][0] for b in batch],
-                    "streams": [b[3][1] for b in batch], "lines": [b[3][2] for b in batch]},
-                    timeout=10)
+                await sql.log_insert(self.db, [(j, r, a, x[0], x[1], x[2])
+                                               for j, r, a, x in batch])
             except DatabaseUnavailable:
                 for kept, lines in taken:  # written when the database is back
                     for _ in lines:
@@ -120,9 +117,7 @@ class AttemptLogs(Service):
             if kept.trim:
                 kept.trim = False
                 try:
-                    await self.db.fetch(Q.log_trim, {"job_id": key[0], "run": key[1],
-                                                     "attempt": key[2],
-                                                     "keep": len(kept.written)}, timeout=10)
+                    await sql.log_trim(self.db, key, len(kept.written))
                 except (DatabaseUnavailable, StatementRejected):
                     kept.trim = True
                     return
@@ -130,5 +125,7 @@ class AttemptLogs(Service):
                 self._ended.discard(key)
                 del self._kept[key]
 
-    async def drain(self) -> None:
+    async def stop(self) -> None:
+        """The output of the attempts that ended is written, then the loop stops."""
         await self.flush()
+        await self.cancel_loops()

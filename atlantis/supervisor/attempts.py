@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlantis.protocol.messages import Cancel, Stopping
-from atlantis.store.jobs import ClaimedRow, Progress
+from atlantis.store.supervision import ClaimedRow, Progress
 from atlantis.supervisor.children import Child
 from atlantis.supervisor.policy import AttemptFacts, StopReason
 
@@ -20,9 +20,13 @@ class Attempt:
     renewed_at: float
     child: Child | None = None
     started: float = 0.0
-    progress: Progress | None = None
-    progress_dirty: bool = False
-    progress_since: float = 0.0
+    checkpoint: Progress | None = None
+    """The latest checkpoint the handler reported (``ctx.checkpoint``)."""
+    checkpoint_dirty: bool = False
+    """``checkpoint`` is not written yet: the next renewal (or the finish) carries it."""
+    checkpoint_since: float = 0.0
+    """When the oldest unwritten checkpoint came: it is written within
+    ``progress_interval`` of that."""
     stop_reason: StopReason | None = None
     """Why the supervisor is stopping it: timeout, drain, memory, tasks, cancel, lease, protocol."""
     stop_detail: str = ""
@@ -35,8 +39,13 @@ class Attempt:
     """When this supervisor heard that an operator cancelled the job (the grace starts)."""
     child_pid: int | None = None
     next_check: float = 0.0
-    """Before this (monotonic) nothing of it can be due: no limit, renewal or checkpoint
-    flush (:meth:`Leases.check`). Whatever makes something due sooner resets it to 0."""
+    """Before this (monotonic) no limit of it can be due (:meth:`Enforcement.check`).
+    Whatever makes one due sooner resets it to 0."""
+    next_renewal: float = 0.0
+    """Before this no renewal or checkpoint write of it can be due (:meth:`Leases.due`).
+    A new checkpoint resets it to 0."""
+    stopping_sent: bool = False
+    """The handler was told the supervisor is draining (``ctx.stopping``): once."""
     log_lines: int = 0
     log_dropped: int = 0
 
@@ -120,5 +129,20 @@ class Attempt:
         elif self.term_sent_at is None:
             self.term_sent_at = now
             if reason == "drain":
-                child.send(Stopping(job_id=self.row.id))
+                self.tell_stopping()
         child.signal_group(sig)
+
+    def tell_stopping(self) -> None:
+        """The supervisor is draining: tell the handler (``ctx.stopping``), once."""
+        if self.child is not None and not self.stopping_sent:
+            self.stopping_sent = True
+            self.child.send(Stopping(job_id=self.row.id))
+
+    def took_checkpoint(self, checkpoint: Progress, now: float) -> None:
+        """The handler reported a checkpoint: written with the next renewal, or within
+        ``progress_interval`` if that comes later (the only throttle on the way)."""
+        self.checkpoint = checkpoint
+        if not self.checkpoint_dirty:
+            self.checkpoint_dirty = True
+            self.checkpoint_since = now
+            self.next_renewal = 0.0

@@ -20,8 +20,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +27,8 @@ from typing import Protocol
 
 import psutil
 
-from atlantis.child.main import TREE_VARIABLE
 from atlantis.child.tree import count_tasks, freeze, resident, walk
+from atlantis.environ import TREE as TREE_VARIABLE
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
@@ -229,7 +227,7 @@ class Child:
                 self.output.feed(data, stream)
             self.output.flush(stream)
 
-    def _exited(self, code: int) -> None:
+    def exited(self, code: int) -> None:
         # What the child wrote before dying is still in the pipes: its output first, then
         # its events (a result would end the attempt the output belongs to).
         self._drain_output()
@@ -256,7 +254,7 @@ class Child:
         self.close_control()
         self.lease_cell.close()
 
-    def _watch(self) -> None:
+    def watch(self) -> None:
         for fd in (self.events_fd, self.out_fd, self.err_fd):
             os.set_blocking(fd, False)
         self.loop.add_reader(self.events_fd, self._read_events)
@@ -362,63 +360,3 @@ class Child:
 
     def tag(self) -> str:
         return self.label.tag() if self.label is not None else f"child={self.pid}"
-
-
-def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.AbstractEventLoop,
-                owner: Owner, output_rate: float, forker: Forker | None = None) -> Child:
-    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a zygote's fork.
-
-    Never a fork of this process, which has threads and database connections.
-    """
-    made: list[int] = []
-    try:  # out of descriptors half way: close what was made (the caller tries again later)
-        for _ in range(4):
-            made.extend(os.pipe())
-        cell, cell_fd = LeaseCell.create()
-    except BaseException:
-        for fd in made:
-            os.close(fd)
-        raise
-    ctl_r, ctl_w, ev_r, ev_w, out_r, out_w, err_r, err_w = made
-    ours = (ctl_w, ev_r, out_r, err_r)
-    theirs = (ctl_r, ev_w, out_w, err_w, cell_fd)
-    for fd in ours:
-        os.set_inheritable(fd, False)
-    os.set_blocking(ctl_w, False)
-    child = Child(loop=loop, owner=owner, generation=generation, control_fd=ctl_w,
-                  events_fd=ev_r, out_fd=out_r, err_fd=err_r, output=OutputLog(0, output_rate),
-                  lease_cell=cell)
-    try:
-        if forker is not None:
-            def forked(pid: int) -> None:
-                child.pid = child.output.pid = pid
-
-            forker.fork((ctl_r, ev_w, out_w, err_w, cell_fd), forked, child._exited)
-        else:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "atlantis.child", "--app", app,
-                 "--control-fd", str(ctl_r), "--events-fd", str(ev_w),
-                 "--lease-fd", str(cell_fd)],
-                pass_fds=(ctl_r, ev_w, cell_fd), stdin=subprocess.DEVNULL, stdout=out_w,
-                stderr=err_w,
-                start_new_session=True, env=env,
-            )
-            child.pid = child.output.pid = proc.pid
-            pidfd = os.pidfd_open(proc.pid)
-
-            def reaped() -> None:
-                loop.remove_reader(pidfd)
-                os.close(pidfd)
-                child._exited(proc.wait())
-
-            loop.add_reader(pidfd, reaped)
-    except BaseException:
-        for fd in ours:
-            os.close(fd)
-        cell.close()
-        raise
-    finally:
-        for fd in theirs:
-            os.close(fd)
-    child._watch()
-    return child

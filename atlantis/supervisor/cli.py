@@ -23,6 +23,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from atlantis import environ
 from atlantis.app import load_app
 from atlantis.cli.usage import OneLineCommand
 from atlantis.declarations import JobDecl
@@ -75,7 +76,7 @@ def main(**values: Any) -> None:
         settings = from_options(values)
         registry = load_app(settings.app or None)
         if not settings.app:
-            settings = replace(settings, app=os.environ["ATLANTIS_APP"])
+            settings = replace(settings, app=os.environ[environ.APP])
     except (AtlantisError, ValueError) as exc:
         _fail(str(exc))
     if not registry.registrations:

@@ -1,7 +1,7 @@
 """The completer: outcomes of attempts written in batches, one statement for many.
 
-An attempt's end is recorded here (:meth:`Completer.record`) and written with the next
-batch. A batch the server refuses because of its data (a value no column accepts) is
+An attempt's end is recorded in the ledger (:meth:`Ledger.end`) and written here with the
+next batch. A batch the server refuses because of its data (a value no column accepts) is
 retried row by row: the rows that pass are written, and an offending row is written again
 reduced to a plain failure with its text cleaned; only if even that is refused is the row
 left to its lease (it will be rescued). A batch that fails for any other reason is an
@@ -17,19 +17,16 @@ import os
 import socket
 from collections.abc import Sequence
 
-from atlantis.store.jobs import AttemptStateRow, FinishedRow, Progress, Result, finish_params
-from atlantis.store.queries import Q
+from atlantis.limits import MAX_PROGRESS_MSG
+from atlantis.store import supervision as sql
+from atlantis.store.supervision import Progress, Result
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
-from atlantis.supervisor.policy import Outcome, clip
+from atlantis.supervisor.policy import clip
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 
 log = logging.getLogger("atlantis.supervisor")
-
-
-#: Results written by one statement at most.
-MAX_BATCH = 500
 
 
 class Completer(Service):
@@ -39,9 +36,9 @@ class Completer(Service):
         super().__init__(rt)
         self.db = rt.db("finish")
         self._host = socket.gethostname()
-        self.queue: list[tuple[Attempt, Result]] = []
-        self.writing: list[tuple[Attempt, Result]] = []
+        self.ledger = rt.ledger
         self.flush = asyncio.Event()
+        self.ledger.on_ended = self.flush.set
         self._maybe_written: set[tuple[int, int, int]] = set()
         """Attempts whose result went out in a statement whose answer was lost: it may have
         committed, and then the retry (fenced on the running attempt) matches no row."""
@@ -49,55 +46,31 @@ class Completer(Service):
     def loops(self) -> list[Loop]:
         return [self._write_loop]
 
-    # ---- recording ------------------------------------------------------------------------
-
-    def record(self, a: Attempt, outcome: Outcome) -> None:
-        """The attempt ended: forget it as in flight and queue its outcome for writing."""
-        rt = self.rt
-        rt.in_flight.pop(a.job_id, None)
-        a.finished = True
-        rt.changed.set()
-        rt.metrics.attempt_ended(a.queue, a.job, "lost" if a.lost else outcome.label,
-                                 rt.now() - a.started if a.started else None)
-        if a.lost:
-            log.warning("%s: the lease was lost; its result is not written", a.tag(),
-                        extra=a.log_extra())
-            return
-        progress = a.progress if a.progress_dirty else None
-        self.queue.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
-                                     outcome.delay, outcome.error, progress, outcome.label,
-                                     a.child_pid, a.log_lines, a.log_dropped, a.run)))
-        self.flush.set()
-
-    @property
-    def pending(self) -> list[Attempt]:
-        """Attempts whose outcome is not written yet."""
-        return [a for a, _ in self.queue + self.writing]
-
     # ---- writing --------------------------------------------------------------------------
 
     async def _write_loop(self) -> None:
         while True:
             await self.flush.wait()
             self.flush.clear()
-            if not self.queue:
+            if not self.ledger.ended:
                 continue
-            # At most MAX_BATCH a statement: a backlog of results (after a stall) goes out
+            # At most --finish-batch a statement: a backlog of results (after a stall) goes out
             # in several, each as quick to write and to retry as a usual one.
-            batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
-            self.writing = batch
+            batch = self.ledger.take_ended(self.rt.settings.finish_batch)
             try:
                 await self._write(batch)
             except DatabaseUnavailable as exc:
                 if exc.sent:
                     self._maybe_written.update(a.key for a, _ in batch)
-                self.queue = batch + self.queue
+                self.ledger.written(again=True)
                 await asyncio.sleep(0.1)  # the connection's backoff paces the retries
                 self.flush.set()
                 continue
-            finally:
-                self.writing = []
-            if self.queue:
+            except BaseException:
+                self.ledger.written()
+                raise
+            self.ledger.written()
+            if self.ledger.ended:
                 self.flush.set()
             self.rt.changed.set()
             self.rt.wake.set()
@@ -116,11 +89,10 @@ class Completer(Service):
 
     async def _finish(self, results: Sequence[Result]) -> set[int]:
         try:
-            params = finish_params(self.rt.worker_id, results, self._host, os.getpid())
+            rows = await sql.finish(self.db, self.rt.worker_id, results, self._host, os.getpid(),
+                                    self.rt.settings.finish_timeout)
         except TypeError as exc:  # not encodable as JSON (a lone surrogate): refused as data
             raise StatementRejected(f"a result could not be encoded: {exc}", None) from exc
-        rows = await self.db.fetch_rows(FinishedRow, Q.finish, params,
-                                        timeout=self.rt.settings.finish_timeout)
         return {r.id for r in rows}
 
     async def _write_alone(self, a: Attempt, result: Result) -> set[int]:
@@ -153,21 +125,21 @@ class Completer(Service):
 
     async def _landed_earlier(self, a: Attempt, result: Result) -> bool:
         try:
-            rows = await self.db.fetch_rows(AttemptStateRow, Q.attempt_state, {"id": a.job_id},
-                                            timeout=5)
+            row = await sql.attempt_state(self.db, a.job_id)
         except (DatabaseUnavailable, StatementRejected):
             return False
-        row = rows[0] if rows else None
         expected = a.attempt if result.spent else a.attempt - 1
         return (row is not None and row.claimed_by == self.rt.worker_id
                 and row.state != "running" and row.run == a.run and row.attempt == expected)
 
-    async def drain(self, timeout: float) -> None:
-        """Give queued outcomes up to ``timeout`` seconds to be written."""
-        deadline = self.rt.now() + timeout
-        while (self.queue or self.writing) and self.rt.now() < deadline:
+    async def stop(self) -> None:
+        """Give the outcomes not written yet ``--flush-timeout`` to be written, then stop."""
+        rt = self.rt
+        deadline = rt.now() + rt.settings.flush_timeout
+        while self.ledger.unwritten and rt.now() < deadline:
             self.flush.set()
-            await self.rt.wait_changed(0.1)
+            await rt.wait_changed(0.1)
+        await self.cancel_loops()
 
 
 def sanitized(result: Result, why: str) -> Result:
@@ -176,7 +148,7 @@ def sanitized(result: Result, why: str) -> Result:
     message = clip(str(error.get("message", "")), 1024)
     plain = {"attempt": result.attempt, "kind": str(error.get("kind", "exception"))[:40],
              "message": clip(f"{message} ({why})", 4096)}
-    progress = (Progress(result.progress.pct, clip(result.progress.msg, 256))
+    progress = (Progress(result.progress.pct, clip(result.progress.msg, MAX_PROGRESS_MSG))
                 if result.progress else None)
     state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
     delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0

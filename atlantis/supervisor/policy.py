@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from atlantis.limits import MAX_ERROR_TEXT
 from atlantis.protocol.messages import ChildError, Done, clean
 from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
@@ -20,8 +21,6 @@ from atlantis.units import format_duration, format_size
 NextState = Literal["complete", "available", "dead", "cancelled"]
 StopReason = Literal["timeout", "memory", "tasks", "drain", "cancel", "lease", "protocol"]
 
-MAX_ERROR_TEXT = 64 * 1024
-MAX_PROGRESS_MSG = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,61 +1,43 @@
 """The pool: child processes, their generations, zygotes, respawn backoff and SIGHUP.
 
 It starts ``--concurrency`` children (fresh interpreters, or forks of a zygote with
-``--isolation fresh``), hands each claimed attempt to an idle one, and turns what children
-report (a result, a crash, a protocol violation) into the attempt's outcome through
-:mod:`policy`, for the completer to write. A child that breaks the protocol is killed and
-its attempt fails with kind ``protocol``; the others never notice.
+``--isolation fresh``), starts each held attempt of the ledger in an idle child, and turns
+what children report (a checkpoint, a result, a crash, a protocol violation) into the
+attempt's outcome through :mod:`policy`, recorded in the ledger for the completer to write.
+A child that breaks the protocol is killed and its attempt fails with kind ``protocol``;
+the others never notice. Its ``stop`` drains the attempts in flight (:mod:`drain`), then
+retires every child.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from collections.abc import Iterable
 
+from atlantis.limits import MAX_PROGRESS_MSG
 from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
-from atlantis.store.jobs import Progress
+from atlantis.store.supervision import Progress
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.attempts import Attempt
-from atlantis.supervisor.children import Child, spawn_child
-from atlantis.supervisor.completer import Completer
+from atlantis.supervisor.children import Child
+from atlantis.supervisor.drain import drain
 from atlantis.supervisor.jobset import JobSet
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Service
+from atlantis.supervisor.spawn import child_environment, spawn_child
 from atlantis.supervisor.zygote import Zygote
 
 log = logging.getLogger("atlantis.supervisor")
 
-START_AT_ONCE = 2 * (os.cpu_count() or 1) + 2
-"""Children starting (an interpreter importing the app, or a fork) at one time, at most."""
+class Pool(Service):
+    name = "pool"
 
-
-def child_environment(database_url: str, handler_database_url: str) -> dict[str, str]:
-    """The environment every child starts with.
-
-    With a handler URL, children get that one, and neither the supervisor's own URL nor any
-    ``PG*`` variable (libpq would use ``PGPASSWORD`` and friends as defaults).
-    """
-    env = dict(os.environ)
-    env.pop("ATLANTIS_HANDLER_DATABASE_URL", None)
-    if handler_database_url:
-        for key in [k for k in env if k.startswith("PG")]:
-            del env[key]
-        env["ATLANTIS_DATABASE_URL"] = handler_database_url
-    else:
-        env["ATLANTIS_DATABASE_URL"] = database_url
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    return env
-
-
-class Pool:
-    def __init__(self, rt: Runtime, completer: Completer, logs: AttemptLogs,
-                 jobs: Iterable[str] = ()) -> None:
-        self.rt = rt
-        self.completer = completer
+    def __init__(self, rt: Runtime, logs: AttemptLogs, jobs: Iterable[str] = ()) -> None:
+        super().__init__(rt)
+        self.ledger = rt.ledger
         self.logs = logs
         s = rt.settings
         self.env = child_environment(s.database_url, s.handler_database_url)
@@ -68,10 +50,19 @@ class Pool:
         self.fork_unsafe: str | None = None
         self.jobset = JobSet(jobs)
 
+    async def start(self) -> None:
+        self.ensure()
+
+    async def stop(self) -> None:
+        """Drain the attempts in flight (:func:`drain.drain`), then retire every child."""
+        await drain(self.rt)
+        await self._shutdown()
+
     # ---- children -------------------------------------------------------------------------
 
-    def idle(self) -> list[Child]:
-        return [c for c in self.children if c.state == "idle"]
+    def idle(self) -> int:
+        """Children idle now."""
+        return sum(1 for c in self.children if c.state == "idle")
 
     def _idle_for(self, job: str) -> Child | None:
         """An idle child that can run ``job``, of the current generation if one is idle."""
@@ -102,7 +93,7 @@ class Pool:
         # would starve the supervisor of the CPU it needs to renew the leases of the
         # attempts already running. Forks from the zygote are cheap but bounded alike.
         starting = sum(1 for c in self.children if c.state == "starting")
-        room = max(0, START_AT_ONCE - starting)
+        room = max(0, rt.settings.start_at_once - starting)
         for _ in range(min(rt.settings.concurrency - len(live), room)):
             try:
                 child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
@@ -149,7 +140,7 @@ class Pool:
             if z is not None and not z.dead:
                 self.old_zygotes.append(z)  # it keeps serving its running workers
             z = Zygote(self.rt.settings.app, self.env, self.rt.loop, self.generation,
-                       self.ensure, self._zygote_died)
+                       self.ensure, self._zygote_died, self.rt.settings.fork_timeout)
             self.zygote = z
         return z
 
@@ -171,27 +162,15 @@ class Pool:
     # ---- attempts -------------------------------------------------------------------------
 
     def feed(self) -> None:
-        """Start rows claimed ahead (``rt.held``) in idle children, oldest first.
+        """Start the ledger's held rows in idle children, oldest first.
 
         A row held too long (:func:`policy.held_too_long`: the supervisor was stalled, so
-        the claimer could not give it back in time) is given back here instead of started.
+        the claimer could not give it back in time) is given back instead of started.
         """
         rt = self.rt
-        stale = expired = 0
-        now = rt.now()
-        kept: list[Attempt] = []
-        while rt.held and not rt.draining:
-            if not any(c.state == "idle" for c in self.children):
-                break
-            a = rt.held.popleft()
-            if policy.held_too_long(now, a.renewed_at, a.heartbeat, rt.settings.claim_ahead_hold):
-                self.completer.record(a, policy.RELEASE)
-                stale += 1
-                expired += policy.lease_lost(now, a.lease_end, a.heartbeat)
-                continue
-            if not self.assign(a):  # no idle child has its handler (during a reload): wait
-                kept.append(a)
-        rt.held.extendleft(reversed(kept))
+        stale, expired = self.ledger.take_held(
+            lambda: not rt.draining and any(c.state == "idle" for c in self.children),
+            self.assign)
         if expired:
             log.warning("gave back %d rows claimed ahead instead of starting them: %d had "
                         "(nearly) outlived their leases, the supervisor was stalled", stale, expired)
@@ -204,14 +183,14 @@ class Pool:
         child = self._idle_for(a.row.job)
         if child is None:
             return False
-        self.rt.in_flight[a.job_id] = a
+        self.ledger.started(a)
         child.state = "busy"
         child.label = Label(a.job_id, a.attempt, a.queue, a.run)
         child.output.begin(child.label)
         a.child = child
         a.child_pid = child.pid or None
         a.started = self.rt.now()
-        a.next_check = 0.0  # its timeout counts from now
+        a.next_check = a.next_renewal = 0.0  # its timeout counts from now
         row = a.row
         child.set_lease(a.lease_end)  # before the Run: never an older attempt's end
         child.send(Run(
@@ -230,8 +209,7 @@ class Pool:
         label = child.label
         if label is None:
             return None
-        a = self.rt.in_flight.get(label.job_id)
-        return a if a is not None and a.child is child else None
+        return self.ledger.attempt_of(label.job_id, child)
 
     def _end(self, child: Child, a: Attempt, outcome: policy.Outcome) -> None:
         if child.label is not None:
@@ -242,7 +220,7 @@ class Pool:
         child.label = None
         child.output.end()
         a.child = None
-        self.completer.record(a, outcome)
+        self.ledger.end(a, outcome)
 
     # ---- what children report (called from the event loop's readers) ---------------------
 
@@ -282,11 +260,8 @@ class Pool:
             self.on_protocol_error(child, f"{msg.t} for job {msg.job_id}, which it is not running")
             return
         if isinstance(msg, Checkpoint):
-            a.progress = Progress(policy.pct_value(msg.pct), policy.clip(msg.msg, policy.MAX_PROGRESS_MSG))
-            if not a.progress_dirty:
-                a.progress_dirty = True
-                a.next_check = 0.0
-                a.progress_since = rt.now()
+            a.took_checkpoint(Progress(policy.pct_value(msg.pct),
+                                       policy.clip(msg.msg, MAX_PROGRESS_MSG)), rt.now())
             return
         assert isinstance(msg, Done)
         self._done(child, a, msg)
@@ -295,10 +270,7 @@ class Pool:
         rt = self.rt
         s = rt.settings
         child.jobs_run += 1
-        rt.attempts_ended += 1
-        took = rt.now() - a.started
-        rt.typical_attempt = took if rt.typical_attempt is None else (
-            0.9 * rt.typical_attempt + 0.1 * took)
+        self.ledger.ran(rt.now() - a.started)
         if msg.leftovers:
             log.warning("%s: the handler returned but left work running: %s; terminated it",
                         a.tag(), policy.clip("; ".join(msg.leftovers), 4096), extra=a.log_extra())
@@ -363,7 +335,7 @@ class Pool:
 
     # ---- stop -----------------------------------------------------------------------------
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
         """Retire every child, wait for them (then kill), and close the zygotes."""
         rt = self.rt
         for child in list(self.children):

@@ -5,7 +5,7 @@ Every ``retention_interval`` (and once at start) the supervisor deletes ``comple
 older than ``--dead-retention`` (default 30d), each with its attempts and logs; ``0``
 disables either. Waiting and running jobs are never deleted. The deleting is done by
 ``atlantis.prune`` (migration 0006, shared with ``tide job prune``), a batch of at most
-:data:`BATCH` jobs per transaction, each under a transaction-level advisory lock: while one
+``--retention-batch`` jobs per transaction, each under a transaction-level advisory lock: while one
 supervisor prunes, the others skip their turn instead of competing for the same rows.
 
 Slots of ``atlantis.schedule_runs`` recorded longer ago than the longer of the two
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import LiteralString
+from collections.abc import Awaitable, Callable
+from functools import partial
 
-from atlantis.store.queries import Q
+from atlantis.store import supervision as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -27,8 +28,6 @@ log = logging.getLogger("atlantis.supervisor")
 
 LOCK_KEY = 0x61746C5F70727565  # "atl_prue": atlantis retention
 """The advisory lock one pruning supervisor holds, per batch."""
-BATCH = 1000
-"""Jobs deleted per transaction."""
 MIN_INTERVAL = 1.0
 """The shortest pause between two rounds, whatever ``retention_interval`` says."""
 
@@ -58,8 +57,8 @@ class Retention(Service):
                                    (["dead"], s.dead_retention)):
             if older_than <= 0:
                 continue
-            done = await self._batches(Q.retention_prune, {"states": states,
-                                                           "older_than": older_than})
+            done = await self._batches(
+                partial(sql.prune_jobs, self.db, states, older_than, LOCK_KEY, s.retention_batch))
             if done is None:
                 return None
             if done:
@@ -68,26 +67,26 @@ class Retention(Service):
             total += done
         if s.retention > 0 and s.dead_retention > 0:
             longest = max(s.retention, s.dead_retention)
-            if await self._batches(Q.retention_prune_schedule_runs, {"older_than": longest}) is None:
+            if await self._batches(
+                    partial(sql.prune_schedule_runs, self.db, longest, LOCK_KEY,
+                            s.retention_batch)) is None:
                 return None
         return total
 
-    async def _batches(self, query: LiteralString, params: dict[str, object]) -> int | None:
-        """Run ``query`` batch after batch while batches come back full; the rows deleted, or
+    async def _batches(self, batch: Callable[[], Awaitable[int]]) -> int | None:
+        """Run ``batch`` after batch while batches come back full; the rows deleted, or
         None if another supervisor holds the lock or the database is away."""
         deleted = 0
         while True:
             try:
-                rows = await self.db.fetch(query, {**params, "lock": LOCK_KEY, "batch": BATCH},
-                                           timeout=120, transaction=True)
+                count = await batch()
             except (DatabaseUnavailable, StatementRejected) as exc:
                 log.warning("retention: pruning stopped for this round: %s", exc)
                 return None
-            count = int(rows[0][0])
             if count < 0:
                 return None  # another supervisor is at it
             deleted += count
-            if count < BATCH:
+            if count < self.rt.settings.retention_batch:
                 return deleted
             await asyncio.sleep(0)  # let the loop breathe between batches
 

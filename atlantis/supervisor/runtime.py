@@ -1,8 +1,8 @@
-"""What the supervisor's services share: settings, identity, attempts in flight, signals.
+"""What the supervisor's services share: settings, identity, the ledger, the phase, events.
 
-One object, passed to every service, instead of services reaching into each other: the
-claimer adds attempts, the pool runs them, the leases service keeps them alive, the
-completer writes their outcomes, the upkeep service reports on all of it.
+One object, passed to every service, instead of services reaching into each other. The
+attempts themselves are the ledger's (:mod:`ledger`): the claimer holds them, the pool runs
+them, leases keep them alive, enforcement stops them, the completer writes their outcomes.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import asyncio
 import os
 import secrets
 import socket
-from collections import deque
 from dataclasses import dataclass, field
 
-from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import Db, Health
+from atlantis.supervisor.ledger import Ledger
 from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.policy import Limits
 from atlantis.supervisor.settings import Settings
@@ -34,19 +33,10 @@ class Runtime:
     metrics: Metrics = field(default_factory=Metrics)
     notifier: Notifier = field(default_factory=Notifier)
     health: Health = field(default_factory=Health)
-    in_flight: dict[int, Attempt] = field(default_factory=dict)
-    held: deque[Attempt] = field(default_factory=deque)
-    """Rows claimed ahead of need (not in flight yet): the next idle child starts the first.
-    Their leases are not renewed: each is started or given back within claim_ahead_hold,
-    well inside its first lease."""
-    typical_attempt: float | None = None
-    """A moving average of how long attempts take (seconds): rows are claimed ahead only
-    while it is short."""
-    attempts_ended: int = 0
-    """Attempts that ended in a child so far (a child became free)."""
-    lost_ids: set[int] = field(default_factory=set)
-    """Jobs whose attempt lost its lease: never released, left to be rescued."""
     draining: bool = False
+    """The phase: set once, when the drain begins (no more claims)."""
+    stop_signals: int = 0
+    """SIGTERM/SIGINT received: a second one during the drain hurries it."""
     paused: set[str] = field(default_factory=set)
     """Served queues an operator paused: not claimed from until resumed."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -61,9 +51,16 @@ class Runtime:
                              max_memory=self.settings.max_memory_per_child,
                              max_tasks=self.settings.max_tasks_per_child)
         self._dbs: list[Db] = []
+        self.ledger = Ledger(self.settings, self.metrics, self.now)
+        self.ledger.on_change = self.changed.set
 
     def db(self, role: str) -> Db:
-        """A connection of its own for ``role``: a slow statement never delays another role's."""
+        """The connection of ``role``, made on first use: a slow statement never delays
+        another role's. Services that ask for the same role share it (one statement at a
+        time: rescue and the worker row, which are both seldom and short)."""
+        for conn in self._dbs:
+            if conn.role == role:
+                return conn
         conn = Db(self.settings.database_url, role, self.health)
         self._dbs.append(conn)
         return conn

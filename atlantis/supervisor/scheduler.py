@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 
 from atlantis.declarations.cron import count_slots, latest_slot, next_slot
 from atlantis.declarations.model import JobDecl
-from atlantis.store.queries import Q
+from atlantis.store import supervision as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.policy import backoff
 from atlantis.supervisor.runtime import Runtime
@@ -39,24 +39,7 @@ log = logging.getLogger("atlantis.supervisor")
 
 MIN_INTERVAL = 0.05
 """The shortest pause between two rounds, whatever ``schedule_interval`` says."""
-RETRY_MAX = 60.0
-"""Longest wait before trying again a slot whose enqueue the database refused."""
-MAX_DUE = 500
-"""The most slots of one schedule enqueued in one transaction; the rest in the next round."""
 _TICK = timedelta(microseconds=1)
-
-
-@dataclass(frozen=True, slots=True)
-class _CaughtUp:
-    outcome: str  # done, stale, busy
-    last_slot: datetime | None
-    job_ids: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class _Latest:
-    job: str
-    slot: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +93,7 @@ class Scheduler(Service):
             elif state.decl != decl:
                 self.schedules[name] = _State(decl, done=state.done)
         if self.schedules and not self._tasks:
-            self.start()
+            self.start_loops()
 
     async def _schedule_loop(self) -> None:
         names = ", ".join(f"{name} ({state.decl.schedule}"
@@ -125,14 +108,12 @@ class Scheduler(Service):
         """One round: every schedule with a slot since the latest recorded is handed to the
         database, with all its slots since then."""
         try:
-            rows = await self.db.fetch(Q.schedule_now, timeout=10)
+            now = await sql.database_now(self.db)
             unknown = [name for name, state in self.schedules.items() if not state.known]
             if unknown:
-                latest = await self.db.fetch_rows(_Latest, Q.schedule_latest,
-                                                  {"jobs": unknown}, timeout=30)
+                latest = await sql.latest_slots(self.db, unknown)
         except (DatabaseUnavailable, StatementRejected):
             return  # the outage is reported by the connection; try again next round
-        now: datetime = rows[0][0]
         if unknown:
             found = {row.job: row.slot for row in latest}
             for name in unknown:
@@ -182,7 +163,7 @@ class Scheduler(Service):
             missed_to = None
         due: list[datetime] = []
         moment = missed_to if missed_to is not None else state.done
-        while len(due) < MAX_DUE:
+        while len(due) < self.rt.settings.schedule_due_max:
             slot = next_slot(expr, tz, moment)
             if slot is None or slot > now:
                 break
@@ -200,10 +181,8 @@ class Scheduler(Service):
         slot = plan.due[-1] if plan.due else plan.missed_to
         assert slot is not None
         try:
-            rows = await self.db.fetch_rows(_CaughtUp, Q.schedule_catch_up, {
-                "job": name, "after": plan.after, "missed_from": plan.missed_from,
-                "missed_to": plan.missed_to, "missed": plan.missed, "due": plan.due},
-                timeout=30)
+            rows = await sql.schedule_catch_up(self.db, name, plan.after, plan.missed_from,
+                                               plan.missed_to, plan.missed, plan.due)
         except DatabaseUnavailable as exc:
             if rt.health.down_since is not None:
                 return None  # an outage, reported by the connection: next round
@@ -239,7 +218,7 @@ class Scheduler(Service):
 
     def _refused(self, name: str, state: _State, slot: datetime, error: str) -> None:
         state.failures += 1
-        delay = backoff(1.0, state.failures, cap=RETRY_MAX)
+        delay = backoff(1.0, state.failures, cap=self.rt.settings.schedule_retry_max)
         state.retry_at = self.rt.now() + delay
         log.error("schedule %s: slot %s could not be enqueued: %s; trying again in %.0fs",
                   name, _show(slot), error, delay, extra={"queue": state.decl.queue})

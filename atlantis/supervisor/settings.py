@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from atlantis import environ
 from atlantis.errors import ConfigurationError
 from atlantis.units import parse_duration, parse_size
 
@@ -134,6 +135,37 @@ class Settings:
                                  "every later slot runs.",
                                  default=60.0, hidden=True)
 
+    # ---- tuning: hidden, each bounding a cost or a wait --------------------------------------
+    start_at_once: int = _opt("int", "Children starting (an interpreter importing the app, or a "
+                              "fork) at one time, at most: hundreds starting at once would "
+                              "starve the lease renewals of CPU.",
+                              default_factory=lambda: 2 * (os.cpu_count() or 1) + 2, hidden=True)
+    finish_batch: int = _opt("int", "Outcomes written by one statement at most.", default=500,
+                             hidden=True)
+    rescue_batch: int = _opt("int", "Expired leases rescued by one statement at most.",
+                             default=1000, hidden=True)
+    retention_batch: int = _opt("int", "Jobs deleted per retention transaction.", default=1000,
+                                hidden=True)
+    task_counts_per_tick: int = _opt(
+        "int", "Process trees counted per tick at most (--max-tasks-per-child): beyond, in "
+        "turn, so counting costs a bounded few percent of a core.", default=32, hidden=True)
+    rss_per_refresh: int = _opt("int", "Children whose memory a refresh of the worker row reads "
+                                "at most (those read least recently first).", default=100,
+                                hidden=True)
+    schedule_due_max: int = _opt("int", "Slots of one schedule handed to the database per round "
+                                 "at most.", default=500, hidden=True)
+    schedule_retry_max: float = _opt("duration", "Longest wait before a refused schedule slot is "
+                                     "tried again (backoff).", default=60.0, hidden=True)
+    healthy_after: float = _opt("duration", "A service loop that ran this long before failing "
+                                "restarts its backoff afresh.", default=60.0, hidden=True)
+    reload_timeout: float = _opt("duration", "SIGHUP: the longest wait for the declarations to "
+                                 "be stored.", default=60.0, hidden=True)
+    fork_timeout: float = _opt("duration", "--isolation fresh: a fork the zygote has not reported "
+                               "within this is given up.", default=10.0, hidden=True)
+    lost_kept_for: float = _opt("duration", "A lost attempt's row is never given back as an "
+                                "orphan for this long after the loss (unless rescued or claimed "
+                                "again sooner).", default=3600.0, hidden=True)
+
     def validate(self) -> Settings:
         if not self.queues:
             raise ConfigurationError("at least one --queue is required")
@@ -148,7 +180,7 @@ class Settings:
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
                      "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
                      "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold",
-                     "claim_ahead_window"):
+                     "claim_ahead_window", "fork_timeout", "reload_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self
@@ -183,8 +215,8 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
             command = click.option(decl, f.name, type=click.Choice(f.metadata["choices"]),
                                    default=None, **common)(command)
         else:
-            envvar = {"app": "ATLANTIS_APP",
-                      "handler_database_url": "ATLANTIS_HANDLER_DATABASE_URL"}.get(f.name)
+            envvar = {"app": environ.APP,
+                      "handler_database_url": environ.HANDLER_DATABASE_URL}.get(f.name)
             command = click.option(decl, f.name, default=None, envvar=envvar, **common)(command)
     return command
 

@@ -37,15 +37,13 @@ log = logging.getLogger("atlantis.supervisor")
 out_log = logging.getLogger("atlantis.output")
 
 _FROM_ZYGOTE = (Forked, Exited, ZygoteReady, ZygoteFatal, Unsafe)
-FORK_TIMEOUT = 10.0
-"""A fork the zygote has not answered by then counts as failed."""
-
-
 class Zygote:
     def __init__(self, app: str, env: dict[str, str], loop: asyncio.AbstractEventLoop,
                  generation: int, on_ready: Callable[[], None],
-                 on_dead: Callable[[Zygote], None]) -> None:
+                 on_dead: Callable[[Zygote], None], fork_timeout: float = 10.0) -> None:
         self.loop = loop
+        self.fork_timeout = fork_timeout
+        """A fork the zygote has not answered by then counts as failed."""
         self.generation = generation
         self.ready = False
         self.dead = False
@@ -105,13 +103,13 @@ class Zygote:
             self.kill()
             return
         self._forking[token] = (on_forked, on_exit)
-        self.loop.call_later(FORK_TIMEOUT, self._fork_overdue, token)
+        self.loop.call_later(self.fork_timeout, self._fork_overdue, token)
 
     def _fork_overdue(self, token: int) -> None:
         """A fork never answered (the system refused it): the zygote is of no use any more."""
         if token in self._forking and not self.dead:
             log.error("the zygote did not answer a fork request in %.0fs; restarting it",
-                      FORK_TIMEOUT)
+                      self.fork_timeout)
             self.kill()  # its exit reports every pending fork as killed
 
     def close(self) -> None:

@@ -1,0 +1,310 @@
+"""The supervisor's one door to SQL: a typed function per statement it runs.
+
+Each function takes the connection it runs on (anything with ``fetch``/``fetch_rows``, as
+the supervisor's :class:`~atlantis.supervisor.db.Db`: bounded waits, reconnection, outages
+reported) and returns typed rows, read by column name (``psycopg.rows.class_row``), never
+by position. The statements themselves are in ``queries.sql``; the parameters of the
+batched ones are built here, so that the column order of each ``unnest`` lives next to its
+statement's reader. No module of the supervisor names a statement of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, LiteralString, Protocol, TypeVar
+
+import orjson
+from psycopg.types.json import Jsonb
+
+from atlantis.store.queries import Q
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    id: int
+    job: str
+    queue: str
+    args: str
+    """The row's args as JSON text, passed to the child untouched."""
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    timeout: float
+    heartbeat: float
+    backoff: float
+    deadline: datetime
+    run: int = 1
+    """The job's run (1, then one more after each retry): with ``attempt``, which attempt
+    this is; every write made for it is fenced on both."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenewedRow:
+    id: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRow:
+    id: int
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class RescuedRow:
+    id: int
+    state: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasedRow:
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStateRow:
+    state: str
+    attempt: int
+    claimed_by: str | None
+    run: int
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    pct: float
+    msg: str
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    job_id: int
+    attempt: int
+    progress: Progress | None
+    run: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One attempt's outcome as the finish statement writes it."""
+
+    job_id: int
+    attempt: int
+    state: str
+    spent: bool
+    delay: float
+    error: dict[str, Any] | None
+    progress: Progress | None
+    label: str = ""
+    """How the attempt ended (atlantis.attempts.outcome): complete, failed, snooze, ..."""
+    child_pid: int | None = None
+    log_lines: int = 0
+    log_dropped: int = 0
+    run: int = 1
+    """The run of the attempt (``ClaimedRow.run``): the write is fenced on it."""
+
+
+def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
+    return {
+        "ids": [r.job_id for r in batch],
+        "runs": [r.run for r in batch],
+        "attempts": [r.attempt for r in batch],
+        "has_progress": [r.progress is not None for r in batch],
+        "pcts": [r.progress.pct if r.progress else None for r in batch],
+        "msgs": [r.progress.msg if r.progress else None for r in batch],
+        "worker": worker,
+    }
+
+
+def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
+                  pid: int | None = None) -> dict[str, Any]:
+    """The finish statement's parameters. The results go as one JSON array (orjson: fast,
+    and it refuses lone surrogates rather than writing invalid JSON: TypeError)."""
+    return {
+        "results": orjson.dumps([{
+            "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,
+            "delay": r.delay, "error": r.error, "has_progress": r.progress is not None,
+            "pct": r.progress.pct if r.progress else None,
+            "msg": r.progress.msg if r.progress else None,
+            "label": r.label or r.state, "child_pid": r.child_pid,
+            "log_lines": r.log_lines, "log_dropped": r.log_dropped,
+        } for r in batch]).decode(),
+        "host": host,
+        "pid": pid,
+        "worker": worker,
+    }
+
+
+# ---- the statements ------------------------------------------------------------------------
+
+class Connection(Protocol):
+    """What the door needs of a connection: one statement at a time, within a timeout."""
+
+    async def fetch(self, query: LiteralString, params: dict[str, Any] | None = None, *,
+                    timeout: float = 30.0, transaction: bool = False) -> list[tuple[Any, ...]]: ...
+
+    async def fetch_rows(self, row: type[T], query: LiteralString,
+                         params: dict[str, Any] | None = None, *, timeout: float = 30.0,
+                         transaction: bool = False) -> list[T]: ...
+
+
+async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str], limit: int,
+                timeout: float) -> list[ClaimedRow]:
+    """Claim up to ``limit`` rows of ``jobs`` on ``queues``, in a transaction: a claim
+    abandoned on a link that delivers it late is rolled back (see ``Db.fetch``)."""
+    return await db.fetch_rows(ClaimedRow, Q.claim, {
+        "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
+    }, timeout=timeout, transaction=True)
+
+
+async def release_orphans(db: Connection, worker: str, known: list[int]) -> list[ReleasedRow]:
+    """Give back rows ``worker`` claimed that are none of ``known`` (a lost claim's)."""
+    return await db.fetch_rows(ReleasedRow, Q.release_orphans,
+                               {"worker": worker, "known": known}, timeout=5)
+
+
+async def renew(db: Connection, worker: str, batch: Sequence[Renewal],
+                timeout: float) -> list[RenewedRow]:
+    """Renew every lease of ``batch`` and record its checkpoints; a row missing from the
+    answer has lost its lease."""
+    return await db.fetch_rows(RenewedRow, Q.renew, renew_params(worker, batch),
+                               timeout=timeout)
+
+
+async def finish(db: Connection, worker: str, batch: Sequence[Result], host: str, pid: int,
+                 timeout: float) -> list[FinishedRow]:
+    """Write the outcomes of ``batch``, fenced on each attempt still owning its row.
+    TypeError: a result cannot be encoded as JSON (see :func:`finish_params`)."""
+    return await db.fetch_rows(FinishedRow, Q.finish, finish_params(worker, batch, host, pid),
+                               timeout=timeout)
+
+
+async def attempt_state(db: Connection, job_id: int) -> AttemptStateRow | None:
+    rows = await db.fetch_rows(AttemptStateRow, Q.attempt_state, {"id": job_id}, timeout=5)
+    return rows[0] if rows else None
+
+
+async def rescue(db: Connection, worker: str, limit: int) -> list[RescuedRow]:
+    """Rows whose lease expired, any worker's: failed (or dead, or cancelled) and back."""
+    return await db.fetch_rows(RescuedRow, Q.rescue, {"limit": limit, "worker": worker},
+                               timeout=10)
+
+
+async def cancel_requests(db: Connection, worker: str) -> list[int]:
+    """Jobs running under ``worker`` that an operator asked to cancel."""
+    return [job_id for (job_id,) in await db.fetch(Q.cancel_requests, {"worker": worker},
+                                                    timeout=5)]
+
+
+async def paused_queues(db: Connection, queues: list[str]) -> set[str]:
+    return {q for (q,) in await db.fetch(Q.paused_queues, {"queues": queues}, timeout=5)}
+
+
+async def listen(db: Connection) -> None:
+    """LISTEN on the channels of new work and of operators' requests."""
+    await db.fetch(Q.listen, timeout=5)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """What the ``atlantis.workers`` row says of a supervisor run."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    status: str
+    ttl: float
+    jobs: list[dict[str, Any]]
+    """The attempts in flight: job_id, attempt, child_pid, rss."""
+    job_types: list[str]
+
+
+async def worker_upsert(db: Connection, w: WorkerRow) -> None:
+    await db.fetch(Q.worker_upsert, {
+        "id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
+        "concurrency": w.concurrency, "in_flight": w.in_flight, "status": w.status,
+        "ttl": w.ttl, "jobs": Jsonb(w.jobs), "job_types": w.job_types,
+    }, timeout=5)
+
+
+async def worker_delete(db: Connection, worker: str, timeout: float) -> None:
+    await db.fetch(Q.worker_delete, {"id": worker}, timeout=timeout)
+
+
+async def queue_gauges(db: Connection, queues: list[str]) -> tuple[int, int]:
+    """(stalled, dead) rows of ``queues``."""
+    rows = await db.fetch(Q.queue_gauges, {"queues": queues}, timeout=5)
+    return rows[0][0], rows[0][1]
+
+
+async def log_insert(db: Connection, lines: Sequence[tuple[int, int, int, datetime, str, str]]
+                     ) -> None:
+    """Output lines, each (job_id, run, attempt, at, stream, text)."""
+    await db.fetch(Q.log_insert, {
+        "job_ids": [x[0] for x in lines], "runs": [x[1] for x in lines],
+        "attempts": [x[2] for x in lines], "ats": [x[3] for x in lines],
+        "streams": [x[4] for x in lines], "lines": [x[5] for x in lines]}, timeout=10)
+
+
+async def log_trim(db: Connection, key: tuple[int, int, int], keep: int) -> None:
+    """Keep the first ``keep`` lines of the attempt ``key`` (job_id, run, attempt)."""
+    await db.fetch(Q.log_trim, {"job_id": key[0], "run": key[1], "attempt": key[2],
+                                "keep": keep}, timeout=10)
+
+
+@dataclass(frozen=True, slots=True)
+class CaughtUp:
+    outcome: str
+    """done, stale (another supervisor recorded a later slot) or busy."""
+    last_slot: datetime | None
+    job_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class LatestSlot:
+    job: str
+    slot: datetime
+
+
+async def database_now(db: Connection) -> datetime:
+    rows = await db.fetch(Q.schedule_now, timeout=10)
+    when: datetime = rows[0][0]
+    return when
+
+
+async def latest_slots(db: Connection, jobs: list[str]) -> list[LatestSlot]:
+    """The latest slot recorded of each of ``jobs`` that has one."""
+    return await db.fetch_rows(LatestSlot, Q.schedule_latest, {"jobs": jobs}, timeout=30)
+
+
+async def schedule_catch_up(db: Connection, job: str, after: datetime | None,
+                            missed_from: datetime | None, missed_to: datetime | None,
+                            missed: int, due: list[datetime]) -> list[CaughtUp]:
+    return await db.fetch_rows(CaughtUp, Q.schedule_catch_up, {
+        "job": job, "after": after, "missed_from": missed_from, "missed_to": missed_to,
+        "missed": missed, "due": due}, timeout=30)
+
+
+async def prune_jobs(db: Connection, states: list[str], older_than: float, lock: int,
+                     batch: int) -> int:
+    """Delete up to ``batch`` jobs in ``states`` finished more than ``older_than`` seconds
+    ago, under the advisory lock ``lock``: how many, or -1 if another session holds it."""
+    rows = await db.fetch(Q.retention_prune, {"states": states, "older_than": older_than,
+                                              "lock": lock, "batch": batch},
+                          timeout=120, transaction=True)
+    return int(rows[0][0])
+
+
+async def prune_schedule_runs(db: Connection, older_than: float, lock: int, batch: int) -> int:
+    """As :func:`prune_jobs`, for the record of schedule slots."""
+    rows = await db.fetch(Q.retention_prune_schedule_runs, {"older_than": older_than,
+                                                            "lock": lock, "batch": batch},
+                          timeout=120, transaction=True)
+    return int(rows[0][0])

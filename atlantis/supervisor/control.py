@@ -1,0 +1,123 @@
+"""Control: what the database announces, heard on LISTEN, with polls as the fallback.
+
+New work on a served queue wakes the claimer; an operator's cancel reaches its attempt
+through the ledger; a pause or a resume is looked up at once. NOTIFYs are a fast path
+only: a poll finds the cancels (for attempts whose renewals come too seldom to carry them)
+and the paused queues that a lost notification never announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+
+from atlantis.store import supervision as sql
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Control(Service):
+    name = "control"
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.db_listen = rt.db("listen")
+        self.db_poll = rt.db("poll")
+        self._pause_now = asyncio.Event()
+
+    def loops(self) -> list[Loop]:
+        return [self._listen_loop, self._cancel_loop, self._pause_loop]
+
+    async def _listen_loop(self) -> None:
+        """Wake the claimer on NOTIFY; its poll covers any gap.
+
+        NOTIFYs sent while no session listens are lost, so every new session wakes the
+        claimer once. LISTEN is re-issued every ``listen_ping``: a no-op for the server and
+        a round trip that proves a quiet connection alive (a half-open one would otherwise
+        swallow notifications forever without an error).
+        """
+        rt = self.rt
+        queues = set(rt.settings.queues)
+        db = self.db_listen
+        session = db.connects
+        while not rt.draining:
+            try:
+                await sql.listen(db)
+            except (DatabaseUnavailable, StatementRejected):
+                await asyncio.sleep(0.1)  # the connection's backoff paces the retries
+                continue
+            if db.connects != session:
+                session = db.connects
+                rt.wake.set()  # anything enqueued while we were not listening
+            try:
+                async for channel, payload in db.notifications(rt.settings.listen_ping):
+                    if channel == "atlantis_control":
+                        self._route(payload)
+                    elif payload in queues:
+                        rt.wake.set()
+            except DatabaseUnavailable:
+                continue
+
+    def _route(self, payload: str) -> None:
+        """An operator's request: a cancel (for our attempts), a pause or a resume."""
+        try:
+            msg = orjson.loads(payload)
+            op = msg["op"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            log.warning("ignored a malformed control notification: %.200s", payload)
+            return
+        rt = self.rt
+        if op == "cancel" and msg.get("worker") == rt.worker_id:
+            job_id = msg.get("job_id")
+            if isinstance(job_id, int):
+                rt.ledger.cancel(job_id)
+        elif op in ("pause", "resume") and msg.get("queue") in rt.settings.queues:
+            self._pause_now.set()
+
+    async def _cancel_loop(self) -> None:
+        """Cancels this supervisor did not hear of (a lost NOTIFY), every ``cancel_poll``.
+
+        Each lease renewal also reads its row's cancel request: attempts renewed at least
+        as often as this poll (``heartbeat/3 <= cancel_poll``) hear of a cancel that way,
+        so the poll runs only while another attempt is in flight.
+        """
+        rt = self.rt
+        while True:
+            await asyncio.sleep(rt.settings.cancel_poll)
+            every = rt.settings.cancel_poll
+            if not any(not a.cancelling and a.heartbeat / 3 > every
+                       for a in rt.ledger.in_flight.values()):
+                continue
+            try:
+                job_ids = await sql.cancel_requests(self.db_poll, rt.worker_id)
+            except (DatabaseUnavailable, StatementRejected):
+                continue
+            for job_id in job_ids:
+                rt.ledger.cancel(job_id)
+
+    async def _pause_loop(self) -> None:
+        rt = self.rt
+        while True:
+            try:
+                paused: set[str] | None = await sql.paused_queues(self.db_poll,
+                                                                  list(rt.settings.queues))
+            except (DatabaseUnavailable, StatementRejected):
+                paused = None
+            if paused is not None and paused != rt.paused:
+                for q in sorted(paused - rt.paused):
+                    log.warning("queue %s is paused: claiming nothing from it", q)
+                for q in sorted(rt.paused - paused):
+                    log.warning("queue %s is resumed", q)
+                rt.paused = paused
+                rt.metrics.paused.set(len(paused))
+                rt.wake.set()
+            self._pause_now.clear()
+            try:
+                await asyncio.wait_for(self._pause_now.wait(), rt.settings.pause_poll)
+            except TimeoutError:
+                pass

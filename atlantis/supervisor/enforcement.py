@@ -1,0 +1,125 @@
+"""Enforcement: the limits of every attempt in flight, checked each tick.
+
+Timeouts stop an attempt (SIGTERM, then SIGKILL after the kill grace), and so does a cancel
+the handler did not honour within the cancel grace; memory and task limits kill it at once.
+Each attempt says when it next needs a look (``next_check``): with hundreds of long
+attempts, most ticks look at none. Leases are :mod:`leases`' business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+
+from atlantis.child.tree import last_pid
+from atlantis.supervisor import policy
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+from atlantis.units import format_duration, format_size
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Enforcement(Service):
+    name = "enforcement"
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.ledger = rt.ledger
+        self._task_turn = 0
+        self._pid_stamp: int | None = None
+        self._counts_owed = 0
+
+    def loops(self) -> list[Loop]:
+        return [self._check_loop]
+
+    async def _check_loop(self) -> None:
+        rt = self.rt
+        s = rt.settings
+        last_memory = 0.0
+        while True:
+            now = rt.now()
+            for a in list(self.ledger.in_flight.values()):
+                if now >= a.next_check:
+                    self.check(a, now)
+            if s.max_memory_per_child and now - last_memory >= s.memory_interval:
+                last_memory = now
+                self._check_memory()
+            if s.max_tasks_per_child:
+                self._check_tasks()
+            await asyncio.sleep(s.tick)
+
+    def check(self, a: Attempt, now: float) -> None:
+        """Stop ``a`` if one of its limits is reached; set when it next needs a look."""
+        if a.lost:
+            a.next_check = math.inf
+            return
+        s = self.rt.settings
+        if a.stop_reason is None and a.child is not None and policy.timed_out(now, a.started, a.timeout):
+            log.warning("%s: timeout after %s; terminating it", a.tag(),
+                        format_duration(a.timeout), extra=a.log_extra())
+            a.stop("timeout", now)
+        if a.stop_reason is None and policy.cancel_grace_over(now, a.cancel_heard_at,
+                                                              s.cancel_grace):
+            log.warning("%s: the handler did not return within the cancel grace of %s; "
+                        "terminating it", a.tag(), format_duration(s.cancel_grace),
+                        extra=a.log_extra())
+            a.stop("cancel", now)
+        if not a.killed and policy.kill_due(now, a.term_sent_at, s.kill_grace):
+            a.stop(a.stop_reason or "timeout", now, sig=signal.SIGKILL)
+        nxt = math.inf
+        if a.stop_reason is None and a.child is not None:
+            nxt = min(nxt, a.started + a.timeout)
+        if a.stop_reason is None and a.cancel_heard_at is not None:
+            nxt = min(nxt, a.cancel_heard_at + s.cancel_grace)
+        if not a.killed and a.term_sent_at is not None:
+            nxt = min(nxt, a.term_sent_at + s.kill_grace)
+        a.next_check = nxt
+
+    def _check_memory(self) -> None:
+        limit = self.rt.settings.max_memory_per_child
+        for a in list(self.ledger.in_flight.values()):
+            if a.child is None or a.stop_reason is not None:
+                continue
+            rss = a.child.rss()
+            if rss > limit:
+                log.warning("%s: child uses %s, over the memory limit of %s; killing it",
+                            a.tag(), format_size(rss), format_size(limit), extra=a.log_extra())
+                a.stop("memory", self.rt.now(), sig=signal.SIGKILL)
+
+    def _check_tasks(self) -> None:
+        """A tree grows fast (a fork bomb forks every few milliseconds), and a count costs
+        little (:func:`atlantis.child.tree.count_tasks`): each tick, up to
+        ``--task-counts-per-tick`` attempts, taking turns, while a round is owed (with 500
+        in flight and 32 a tick, each every 16 ticks, 0.8 s).
+
+        A round (one count of every tree) is owed whenever the host's last process id
+        moved (:func:`atlantis.child.tree.last_pid`): while it stays put, no task was
+        created anywhere, so no tree grew and nothing is counted (hundreds of sleeping
+        attempts cost nothing to watch)."""
+        s = self.rt.settings
+        limit = s.max_tasks_per_child
+        in_flight = self.ledger.in_flight
+        stamp = last_pid()
+        if stamp is None or stamp != self._pid_stamp:
+            self._pid_stamp = stamp
+            self._counts_owed = len(in_flight)
+        if self._counts_owed <= 0:
+            return
+        running = [a for a in in_flight.values() if a.child is not None and not a.killed]
+        per_tick = s.task_counts_per_tick
+        if len(running) > per_tick:
+            start = self._task_turn % len(running)
+            running = (running[start:] + running[:start])[:per_tick]
+            self._task_turn = start + per_tick
+        self._counts_owed -= len(running)
+        for a in running:
+            assert a.child is not None
+            if a.child.tasks(limit) > limit:
+                log.warning("%s: the child runs more than %d tasks (processes and threads), "
+                            "over --max-tasks-per-child; killing its whole tree", a.tag(), limit,
+                            extra=a.log_extra())
+                a.stop("tasks", self.rt.now(), sig=signal.SIGKILL)

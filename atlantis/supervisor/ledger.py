@@ -1,0 +1,189 @@
+"""The ledger: every attempt this supervisor holds, from its claim to its written outcome.
+
+One owner for the bookkeeping of attempts; the services ask it and tell it, and none of them
+keeps attempts of its own:
+
+    held       claimed ahead of need, waiting for a free child (the claimer holds, the pool
+               takes); given back unspent when no child took them in time
+    in flight  running in a child (the pool starts them; leases renew and enforcement stops
+               them)
+    ended      their outcome decided, waiting to be written (the completer takes batches)
+    lost       their lease is gone: never written, never released, left to be rescued
+
+A cancel request reaches an attempt through :meth:`Ledger.cancel`, whoever heard of it (a
+NOTIFY, a renewal, the poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from atlantis.store.supervision import ClaimedRow, Result
+from atlantis.supervisor import policy
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.metrics import Metrics
+from atlantis.supervisor.settings import Settings
+from atlantis.units import format_duration
+
+log = logging.getLogger("atlantis.supervisor")
+
+class Ledger:
+    def __init__(self, settings: Settings, metrics: Metrics, now: Callable[[], float]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.now = now
+        self.held: deque[Attempt] = deque()
+        """Claimed ahead of need, oldest first. Their leases are not renewed: each is
+        started or given back within ``claim_ahead_hold``, well inside its first lease."""
+        self.in_flight: dict[int, Attempt] = {}
+        self.ended: list[tuple[Attempt, Result]] = []
+        """Outcomes decided, not yet taken by the completer."""
+        self.writing: list[tuple[Attempt, Result]] = []
+        """Outcomes the completer is writing now."""
+        self.lost: dict[int, float] = {}
+        """Job ids whose attempt lost its lease, with when."""
+        self.typical_attempt: float | None = None
+        """A moving average of how long attempts take (seconds): rows are claimed ahead only
+        while it is short."""
+        self.attempts_ended = 0
+        """Attempts that ended in a child so far (a child became free)."""
+        self.on_ended: Callable[[], None] = lambda: None
+        """Called when an outcome is waiting to be written (the completer wakes)."""
+        self.on_change: Callable[[], None] = lambda: None
+        """Called when an attempt leaves flight (a drain waits for that)."""
+
+    # ---- claimed ----------------------------------------------------------------------------
+
+    def claimed(self, row: ClaimedRow, sent_at: float) -> Attempt:
+        """A row just claimed: an attempt whose lease counts from when the claim went out."""
+        self.lost.pop(row.id, None)  # back to us: an older loss of it is over
+        return Attempt(row=row, lease_end=sent_at + row.heartbeat, renewed_at=sent_at)
+
+    def hold(self, a: Attempt) -> None:
+        self.held.append(a)
+
+    def stale(self, a: Attempt, now: float) -> bool:
+        """Held too long to start (:func:`policy.held_too_long`): give it back instead."""
+        return policy.held_too_long(now, a.renewed_at, a.heartbeat,
+                                    self.settings.claim_ahead_hold)
+
+    def take_held(self, free: Callable[[], bool], start: Callable[[Attempt], bool]
+                  ) -> tuple[int, int]:
+        """Start held attempts, oldest first, while ``free()`` (a child is idle): ``start``
+        says whether one took it (no idle child may have its handler yet, during a reload:
+        it waits). Stale ones are given back instead. Returns how many were given back, and
+        of those how many had (nearly) outlived their leases."""
+        now = self.now()
+        given = expired = 0
+        kept: list[Attempt] = []
+        while self.held and free():
+            a = self.held.popleft()
+            if self.stale(a, now):
+                self.end(a, policy.RELEASE)
+                given += 1
+                expired += policy.lease_lost(now, a.lease_end, a.heartbeat)
+            elif not start(a):
+                kept.append(a)
+        self.held.extendleft(reversed(kept))
+        return given, expired
+
+    def give_back_held(self, *, stale_only: bool = False) -> int:
+        """Give held rows back, unspent: the stale ones, or all of them (a drain)."""
+        now = self.now()
+        keep: list[Attempt] = []
+        give: list[Attempt] = []
+        for a in self.held:
+            (keep if stale_only and not self.stale(a, now) else give).append(a)
+        self.held.clear()
+        self.held.extend(keep)
+        for a in give:
+            self.end(a, policy.RELEASE)
+        return len(give)
+
+    # ---- in flight --------------------------------------------------------------------------
+
+    def started(self, a: Attempt) -> None:
+        self.in_flight[a.job_id] = a
+
+    def attempt_of(self, job_id: int, child: object) -> Attempt | None:
+        """The attempt in flight for ``job_id`` if it runs in ``child``."""
+        a = self.in_flight.get(job_id)
+        return a if a is not None and a.child is child else None
+
+    def ran(self, took: float) -> None:
+        """An attempt ended in its child after ``took`` seconds: a child is free."""
+        self.attempts_ended += 1
+        self.typical_attempt = took if self.typical_attempt is None else (
+            0.9 * self.typical_attempt + 0.1 * took)
+
+    def cancel(self, job_id: int) -> None:
+        """An operator cancelled the job: tell its attempt here, if any; the grace starts."""
+        a = self.in_flight.get(job_id)
+        if a is not None and a.request_cancel(self.now()):
+            log.info("%s: cancelled by an operator; the handler has %s to return", a.tag(),
+                     format_duration(self.settings.cancel_grace), extra=a.log_extra())
+
+    def lose(self, a: Attempt, why: str) -> None:
+        """The attempt no longer owns its row: kill it at once; nothing more is written."""
+        a.lost = True
+        self.lost[a.job_id] = self.now()
+        self.metrics.leases_lost.inc()
+        log.error("%s: %s", a.tag(), why, extra=a.log_extra())
+        a.stop("lease", self.now(), sig=signal.SIGKILL)
+
+    def rescued(self, job_ids: Iterable[int]) -> None:
+        """Rows a rescue gave back: a loss of ours among them is over."""
+        for job_id in job_ids:
+            self.lost.pop(job_id, None)
+
+    # ---- ended ------------------------------------------------------------------------------
+
+    def end(self, a: Attempt, outcome: policy.Outcome) -> None:
+        """The attempt ended (or was given back): out of flight, its outcome to be written."""
+        self.in_flight.pop(a.job_id, None)
+        a.finished = True
+        self.on_change()
+        self.metrics.attempt_ended(a.queue, a.job, "lost" if a.lost else outcome.label,
+                                   self.now() - a.started if a.started else None)
+        if a.lost:
+            log.warning("%s: the lease was lost; its result is not written", a.tag(),
+                        extra=a.log_extra())
+            return
+        checkpoint = a.checkpoint if a.checkpoint_dirty else None
+        self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
+                                     outcome.delay, outcome.error, checkpoint, outcome.label,
+                                     a.child_pid, a.log_lines, a.log_dropped, a.run)))
+        self.on_ended()
+
+    def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:
+        """The next batch to write (the completer): at most ``most`` outcomes."""
+        self.writing, self.ended = self.ended[:most], self.ended[most:]
+        return self.writing
+
+    def written(self, *, again: bool = False) -> None:
+        """The batch taken is written, or (``again``) is to be written again first."""
+        if again:
+            self.ended = self.writing + self.ended
+        self.writing = []
+
+    @property
+    def unwritten(self) -> list[Attempt]:
+        """Attempts whose outcome is not written yet."""
+        return [a for a, _ in self.ended + self.writing]
+
+    # ---- what the database may hold for us --------------------------------------------------
+
+    def known(self) -> list[int]:
+        """Job ids whose rows this supervisor knows it holds: any other row claimed by it is
+        an orphan of a claim whose answer was lost. Lost attempts did run: their rows are
+        left to be rescued as failures, not given back: each is remembered until its row
+        comes back to this supervisor, is rescued by it, or ``--lost-kept-for`` after the
+        loss (by then its lease is long over and some supervisor's rescue took it)."""
+        now = self.now()
+        for job_id in [j for j, at in self.lost.items() if now - at > self.settings.lost_kept_for]:
+            del self.lost[job_id]
+        return [*self.in_flight, *(a.job_id for a in self.held),
+                *(a.job_id for a in self.unwritten), *self.lost]

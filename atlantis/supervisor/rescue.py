@@ -1,0 +1,57 @@
+"""Rescue: rows whose lease expired, any supervisor's, every ``rescue_interval``.
+
+Their worker is presumed dead: the attempt counts as failed and the row goes back at once
+(or to dead, or to cancelled if a cancel was requested). Outcomes of this supervisor still
+waiting to be written come first: rescued, they would be run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from atlantis.store import supervision as sql
+from atlantis.supervisor import policy
+from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.runtime import Runtime
+from atlantis.supervisor.service import Loop, Service
+
+log = logging.getLogger("atlantis.supervisor")
+
+
+class Rescue(Service):
+    name = "rescue"
+
+    def __init__(self, rt: Runtime, flush: asyncio.Event) -> None:
+        super().__init__(rt)
+        self.db = rt.db("upkeep")  # shared with the worker row (presence)
+        self.flush = flush
+        """Set to have the completer write what it has now."""
+
+    def loops(self) -> list[Loop]:
+        return [self._rescue_loop]
+
+    async def _rescue_loop(self) -> None:
+        while True:
+            await self.rescue()
+            await asyncio.sleep(self.rt.settings.rescue_interval)
+
+    async def rescue(self) -> None:
+        rt = self.rt
+        # Results of ours still waiting to be written (say, finished during an outage) would
+        # be rescued as "lease expired" and run again: write them first.
+        now = rt.now()
+        if any(policy.lease_lost(now, a.lease_end, a.heartbeat) for a in rt.ledger.unwritten):
+            self.flush.set()
+            return
+        try:
+            rows = await sql.rescue(self.db, rt.worker_id, rt.settings.rescue_batch)
+        except (DatabaseUnavailable, StatementRejected):
+            return
+        rt.metrics.rescued.inc(len(rows))
+        rt.ledger.rescued(r.id for r in rows)
+        for r in rows:
+            log.warning("job=%s: lease expired, its worker presumed dead; now %s", r.id, r.state,
+                        extra={"job_id": r.id, "queue": r.queue})
+        if rows:
+            rt.wake.set()
