@@ -437,7 +437,7 @@ def test_starting_a_child_out_of_descriptors_leaks_none() -> None:
     it made (the pool tries again later) instead of leaking descriptors on every retry."""
     script = """
 import asyncio, os, resource
-from atlantis.supervisor.children import spawn_child
+from atlantis.supervisor.spawn import spawn_child
 loop = asyncio.new_event_loop()
 before = len(os.listdir("/proc/self/fd"))
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -8,7 +8,7 @@ import pytest
 
 from atlantis.protocol.messages import ChildError, Done
 from atlantis.supervisor import policy
-from atlantis.supervisor.policy import AttemptFacts, Limits, Outcome
+from atlantis.supervisor.policy import AttemptFacts, Limits, Verdict
 
 LIMITS = Limits(max_snooze=3600.0, max_backoff=60.0, max_memory=512 * 1024**2)
 
@@ -123,7 +123,7 @@ def test_outcome_labels_name_how_the_attempt_ended() -> None:
     assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="discard")).label == "discard"
     assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="snooze", delay=1)).label == "snooze"
     assert policy.decide(facts(), LIMITS, Done(job_id=1, outcome="complete"), "drain").label == "release"
-    assert Outcome("complete", True).label == "complete"
+    assert Verdict("complete", True).label == "complete"
 
 
 def test_a_requested_cancel_wins_over_whatever_the_attempt_did() -> None:

@@ -450,7 +450,7 @@ def test_json_log_lines_parse_and_handler_output_carries_its_fields(
 
 
 def test_json_formatter_survives_surrogates_and_odd_values() -> None:
-    from atlantis.supervisor.logs import JsonFormatter
+    from atlantis.supervisor.logformat import JsonFormatter
 
     record = logging.LogRecord("atlantis.x", logging.WARNING, __file__, 1, "bad name %s",
                                ("caf\udce9",), None)

@@ -37,7 +37,7 @@ from atlantis.store.database import (
     redact,
     resolve_url,
 )
-from atlantis.supervisor import logs
+from atlantis.supervisor import logformat
 from atlantis.supervisor.metrics import MetricsUnavailable
 from atlantis.supervisor.settings import from_options
 from atlantis.supervisor.settings import options as settings_options
@@ -71,7 +71,7 @@ def main(**values: Any) -> None:
     # import the app afresh. Without a handler, SIGHUP's default action would end us (a
     # handler, not SIG_IGN, which children would inherit).
     signal.signal(signal.SIGHUP, lambda signum, frame: None)
-    logs.setup(values.get("log_format") or "text")
+    logformat.setup(values.get("log_format") or "text")
     try:
         settings = from_options(values)
         registry = load_app(settings.app or None)

@@ -141,7 +141,7 @@ class Ledger:
 
     # ---- ended ------------------------------------------------------------------------------
 
-    def end(self, a: Attempt, outcome: policy.Outcome) -> None:
+    def end(self, a: Attempt, outcome: policy.Verdict) -> None:
         """The attempt ended (or was given back): out of flight, its outcome to be written."""
         self.in_flight.pop(a.job_id, None)
         a.finished = True

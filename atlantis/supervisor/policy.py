@@ -24,8 +24,11 @@ StopReason = Literal["timeout", "memory", "tasks", "drain", "cancel", "lease", "
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """The end of one attempt, as it will be written to its row.
+class Verdict:
+    """The supervisor's verdict on one attempt's end: what its row becomes, as written.
+
+    (The handler's own word on how it ended is the protocol's ``Outcome``: complete, failed,
+    discard, snooze; the verdict also weighs timeouts, cancels, limits and retries.)
 
     ``spent`` is whether it counts as one of the job's attempts (a snooze or a release
     does not); ``delay`` is when the row may run again (seconds from now) if it goes back
@@ -45,7 +48,7 @@ class Outcome:
             object.__setattr__(self, "label", self.state)
 
 
-RELEASE = Outcome("available", False, label="release")
+RELEASE = Verdict("available", False, label="release")
 """A row given back unspent, at once: drained, or claimed when no child was left to run it."""
 
 
@@ -93,24 +96,24 @@ def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
 
 
 def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str,
-            rand: float | None = None, **more: Any) -> Outcome:
+            rand: float | None = None, **more: Any) -> Verdict:
     """A failed attempt: retried after a backoff while attempts remain, else dead."""
     error = {"attempt": facts.attempt, "kind": kind, "message": clip(message), **more}
     if facts.attempt >= facts.max_attempts:
-        return Outcome("dead", True, error=error, label="failed")
+        return Verdict("dead", True, error=error, label="failed")
     delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
-    return Outcome("available", True, delay=delay, error=error, label="failed")
+    return Verdict("available", True, delay=delay, error=error, label="failed")
 
 
 def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
-           detail: str = "", cancelled: bool = False) -> Outcome | None:
+           detail: str = "", cancelled: bool = False) -> Verdict | None:
     """The outcome when the supervisor stopped the attempt itself, whatever the child said.
 
     A cancel an operator requested wins over everything: the handler may have returned,
     raised, timed out or been drained meanwhile; the job ends ``cancelled``.
     """
     if cancelled or reason == "cancel":
-        return Outcome("cancelled", True, error=cancel_error(facts))
+        return Verdict("cancelled", True, error=cancel_error(facts))
     if reason == "timeout":
         return failure(facts, limits, "timeout", f"timeout after {format_duration(facts.timeout)}")
     if reason == "memory":
@@ -144,32 +147,32 @@ def _child_error(facts: AttemptFacts, err: ChildError | None, default_kind: str)
 
 
 def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason | None = None,
-           rand: float | None = None, cancelled: bool = False) -> Outcome:
+           rand: float | None = None, cancelled: bool = False) -> Verdict:
     """The next state of a row whose attempt's child reported ``done``."""
     if cancelled and done.outcome in ("failed", "discard"):
         # Cancelled all the same; the failure is kept in the history before the cancel.
         error = _child_error(facts, done.error, "exception")
-        return Outcome("cancelled", True, error=error, label="cancelled")
+        return Verdict("cancelled", True, error=error, label="cancelled")
     stopped = forced(facts, limits, reason, cancelled=cancelled)
     if stopped is not None:
         return stopped
     if done.outcome == "complete":
-        return Outcome("complete", True)
+        return Verdict("complete", True)
     if done.outcome == "snooze":
-        return Outcome("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
+        return Verdict("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
                        label="snooze")
     error = _child_error(facts, done.error, "discarded" if done.outcome == "discard" else "exception")
     if done.outcome == "discard":
-        return Outcome("dead", True, error=error, label="discard")
+        return Verdict("dead", True, error=error, label="discard")
     if facts.attempt >= facts.max_attempts:
-        return Outcome("dead", True, error=error, label="failed")
+        return Verdict("dead", True, error=error, label="failed")
     delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
-    return Outcome("available", True, delay=delay, error=error, label="failed")
+    return Verdict("available", True, delay=delay, error=error, label="failed")
 
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
-                rand: float | None = None, cancelled: bool = False, said: str = "") -> Outcome:
+                rand: float | None = None, cancelled: bool = False, said: str = "") -> Verdict:
     """The next state of a row whose attempt's child died without reporting a result.
 
     ``said`` is why the child said it stopped the attempt itself, if it did (a lost pipe,
@@ -177,7 +180,7 @@ def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
     """
     if cancelled and reason in (None, "memory", "tasks", "protocol", "timeout"):
         failed = decide_exit(facts, limits, returncode, reason, detail, rand, said=said)
-        return Outcome("cancelled", True, error=failed.error, label="cancelled")
+        return Verdict("cancelled", True, error=failed.error, label="cancelled")
     stopped = forced(facts, limits, reason, detail, cancelled=cancelled)
     if stopped is not None:
         return stopped

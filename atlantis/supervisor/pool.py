@@ -211,7 +211,7 @@ class Pool(Service):
             return None
         return self.ledger.attempt_of(label.job_id, child)
 
-    def _end(self, child: Child, a: Attempt, outcome: policy.Outcome) -> None:
+    def _end(self, child: Child, a: Attempt, outcome: policy.Verdict) -> None:
         if child.label is not None:
             a.log_lines, a.log_dropped = self.logs.ended(child.label)
             a.log_dropped += child.output.dropped

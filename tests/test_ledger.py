@@ -1,0 +1,117 @@
+"""The ledger: one owner for every attempt a supervisor holds (no database needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from atlantis.store.supervision import ClaimedRow
+from atlantis.supervisor import policy
+from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.ledger import Ledger
+from atlantis.supervisor.metrics import Metrics
+from atlantis.supervisor.settings import Settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _row(job_id: int, heartbeat: float = 30.0) -> ClaimedRow:
+    return ClaimedRow(job_id, "q.Job", "q", "{}", 1, 3, False, 60.0, heartbeat, 1.0,
+                      datetime.now(UTC))
+
+
+def _ledger(lost_kept_for: float = 3600.0, claim_ahead_hold: float = 1.0
+            ) -> tuple[Ledger, Clock]:
+    clock = Clock()
+    settings = Settings(queues=("q",), lost_kept_for=lost_kept_for,
+                        claim_ahead_hold=claim_ahead_hold)
+    return Ledger(settings, Metrics(), clock), clock
+
+
+def test_a_lost_attempt_is_known_until_its_row_comes_back_is_rescued_or_time_passes() -> None:
+    ledger, clock = _ledger(lost_kept_for=600.0)
+    attempts = [ledger.claimed(_row(i), clock()) for i in (1, 2, 3)]
+    for a in attempts:
+        ledger.started(a)
+        ledger.lose(a, "test")
+        ledger.end(a, policy.RELEASE)  # a lost attempt's end writes nothing
+    assert not ledger.unwritten and not ledger.in_flight
+    assert sorted(ledger.known()) == [1, 2, 3]
+    ledger.claimed(_row(1), clock())  # back to this supervisor: the old loss is over
+    ledger.rescued([2])
+    assert ledger.known() == [3]
+    clock.t += 601
+    assert ledger.known() == []
+    assert not ledger.lost
+
+
+def test_held_rows_are_started_oldest_first_and_stale_ones_given_back() -> None:
+    ledger, clock = _ledger(claim_ahead_hold=1.0)
+    old = ledger.claimed(_row(1), clock())
+    ledger.hold(old)
+    clock.t += 2.0  # past the hold: given back, never started
+    fresh = [ledger.claimed(_row(i), clock()) for i in (2, 3, 4)]
+    for a in fresh:
+        ledger.hold(a)
+    started: list[int] = []
+
+    def start(a: Attempt) -> bool:
+        started.append(a.job_id)
+        return True
+
+    given, expired = ledger.take_held(lambda: len(started) < 2, start)
+    assert (given, expired) == (1, 0)
+    assert started == [2, 3]
+    assert [a.job_id for a in ledger.held] == [4]
+    assert [r.job_id for _, r in ledger.ended] == [1]
+    assert ledger.ended[0][1].spent is False  # given back unspent
+
+
+def test_an_attempt_no_child_can_start_keeps_its_place() -> None:
+    ledger, clock = _ledger()
+    for i in (1, 2, 3):
+        ledger.hold(ledger.claimed(_row(i), clock()))
+    started: list[int] = []
+
+    def start(a: Attempt) -> bool:
+        if a.job_id == 1:
+            return False  # no idle child has its handler yet (a reload)
+        started.append(a.job_id)
+        return True
+
+    ledger.take_held(lambda: True, start)
+    assert started == [2, 3]
+    assert [a.job_id for a in ledger.held] == [1]
+
+
+def test_outcomes_taken_for_writing_go_back_first_when_the_write_fails() -> None:
+    ledger, clock = _ledger()
+    for i in (1, 2, 3):
+        a = ledger.claimed(_row(i), clock())
+        ledger.started(a)
+        ledger.end(a, policy.Verdict("complete", True))
+    batch = ledger.take_ended(2)
+    assert [r.job_id for _, r in batch] == [1, 2]
+    assert sorted(a.job_id for a in ledger.unwritten) == [1, 2, 3]
+    ledger.written(again=True)
+    assert [r.job_id for _, r in ledger.ended] == [1, 2, 3]
+    ledger.take_ended(10)
+    ledger.written()
+    assert not ledger.unwritten
+
+
+def test_a_cancel_reaches_the_attempt_in_flight_once() -> None:
+    ledger, clock = _ledger()
+    a = ledger.claimed(_row(7), clock())
+    ledger.started(a)
+    ledger.cancel(7)
+    heard = a.cancel_heard_at
+    clock.t += 5
+    ledger.cancel(7)
+    ledger.cancel(8)  # not ours: nothing
+    assert heard == 1000.0 and a.cancel_heard_at == heard
