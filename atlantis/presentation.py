@@ -1,8 +1,8 @@
 """What ``tide`` and the console both show of the store's rows: one home for both.
 
 The documents of ``tide ... --json`` and of the console's API (a job with its rate and ETA,
-a supervisor with its memory), the rate and ETA themselves, and how values JSON cannot
-carry are written. Pure functions of rows read by :mod:`atlantis.store.admin` and
+a supervisor with its memory, a log line), the rate and ETA themselves, and how values JSON
+cannot carry are written. Pure functions of rows read by :mod:`atlantis.store.admin` and
 :mod:`atlantis.store.fleet`; the estimate is :mod:`atlantis.progress`'s.
 """
 
@@ -13,7 +13,8 @@ from decimal import Decimal
 from typing import Any
 
 from atlantis import progress
-from atlantis.store.admin import JobRow
+from atlantis.store.admin import JobRow, LogLine
+from atlantis.store.console_queries import ConsoleLogLine
 from atlantis.store.fleet import WorkerRow
 from atlantis.store.typed_rows import as_dict
 
@@ -54,4 +55,15 @@ def worker_document(worker: WorkerRow) -> dict[str, Any]:
     doc = as_dict(worker)
     del doc["db_now"]
     doc["memory"] = worker.memory
+    return doc
+
+
+def log_document(line: LogLine | ConsoleLogLine, *, job_id: int | None = None) -> dict[str, Any]:
+    """A line an attempt wrote: ``id``, ``job_id`` (when given), ``run``, ``attempt``, ``at``,
+    ``stream`` and ``line``."""
+    doc: dict[str, Any] = {"id": line.id}
+    if job_id is not None:
+        doc["job_id"] = job_id
+    doc.update(run=line.run, attempt=line.attempt, at=line.at, stream=line.stream,
+               line=line.line)
     return doc

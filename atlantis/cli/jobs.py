@@ -33,7 +33,7 @@ from atlantis.cli.common import (
 )
 from atlantis.cli.escape import safe
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
-from atlantis.presentation import job_document
+from atlantis.presentation import job_document, log_document
 from atlantis.store import admin, fleet
 from atlantis.store.typed_rows import as_dict
 from atlantis.units import format_duration
@@ -265,9 +265,7 @@ def _attempt_running(conn: psycopg.Connection[Any], job_id: int, run: int, attem
 
 def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
     if as_json:
-        doc = {"id": line.id, "job_id": job_id, "run": line.run, "attempt": line.attempt,
-               "at": line.at.isoformat(), "stream": line.stream, "line": line.line}
-        return orjson.dumps(doc).decode()
+        return orjson.dumps(log_document(line, job_id=job_id)).decode()
     stamp = line.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     stream = click.style(f"{safe(line.stream):<6}", fg="red" if line.stream == "stderr" else None)
     return f"{stamp} {stream} {safe(line.line)}"

@@ -40,8 +40,8 @@ from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
 from atlantis.console.common import text_param as text_param
 from atlantis.console.data import dumps, job_doc
-from atlantis.console.events import Broker, log_doc
-from atlantis.presentation import worker_document
+from atlantis.console.events import Broker
+from atlantis.presentation import log_document, worker_document
 from atlantis.store import admin, fleet
 from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
@@ -100,11 +100,11 @@ def read_logs(conn: psycopg.Connection[Any], job_id: int, attempt: int | None,
         current = row.attempt if run == row.run else 0
         attempt = admin.latest_log_attempt(conn, job_id, run=run) or max(current, 1)
     if after > 0:
-        lines = [log_doc(ln) for ln in admin.log_lines(conn, job_id, attempt, run=run,
-                                                       after=after, limit=limit)]
+        lines = [log_document(ln) for ln in admin.log_lines(conn, job_id, attempt, run=run,
+                                                            after=after, limit=limit)]
     else:
-        lines = [log_doc(ln) for ln in store.log_tail(conn, job_id, attempt, run=run,
-                                                      limit=limit)]
+        lines = [log_document(ln) for ln in store.log_tail(conn, job_id, attempt, run=run,
+                                                           limit=limit)]
     last = lines[-1]["id"] if lines else after
     return {"job_id": job_id, "run": run, "attempt": attempt, "lines": lines,
             "next_after": last}

@@ -33,6 +33,7 @@ import orjson
 import psycopg
 
 from atlantis.console.data import Database, dumps, job_doc
+from atlantis.presentation import log_document
 from atlantis.store import admin
 from atlantis.store import console_queries as store
 
@@ -244,12 +245,7 @@ class Broker:
                     fresh = [ln for ln in batch if ln.id > sub.log_after]
                     if fresh:
                         sub.log_after = fresh[-1].id
-                        sub.put("log", dumps([log_doc(ln) for ln in fresh]))
-
-
-def log_doc(line: store.ConsoleLogLine | admin.LogLine) -> dict[str, Any]:
-    return {"id": line.id, "run": line.run, "attempt": line.attempt, "at": line.at,
-            "stream": line.stream, "line": line.line}
+                        sub.put("log", dumps([log_document(ln) for ln in fresh]))
 
 
 def _logs_since(conn: psycopg.Connection[Any], *, ids: list[int],
