@@ -1,5 +1,7 @@
 """atlantis: durable background jobs on PostgreSQL, each attempt in a supervised child."""
 
+from importlib import metadata as _metadata
+
 from atlantis.context import JobContext, checkpoint
 from atlantis.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from atlantis.errors import (
@@ -39,4 +41,9 @@ __all__ = [
     "retry_async",
 ]
 
-__version__ = "0.1.0"
+#: The distribution's version, written once in pyproject.toml and read from the installed
+#: package's metadata; a source tree that was never installed says "0+unknown".
+try:
+    __version__ = _metadata.version("atlantis-jobs")
+except _metadata.PackageNotFoundError:  # pragma: no cover - only outside an installation
+    __version__ = "0+unknown"

@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
+from atlantis.store import caller
 from atlantis.store.queries import Q
 from atlantis.units import MAX_DURATION, MAX_TEXT, int_problem
 
@@ -301,16 +301,7 @@ def enqueue_many(
     none open, the implicit transaction that held only this statement is rolled back.
     """
     params = _params(job, args_list, delay, run_at, priority, queue)
-    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
-    try:
-        if in_tx:
-            with conn.transaction():  # a savepoint: never commits the caller's work
-                return _ids(conn.execute(Q.enqueue_many, params).fetchone())
-        return _ids(conn.execute(Q.enqueue_many, params).fetchone())
-    except psycopg.Error as exc:
-        if not in_tx and not conn.autocommit and not conn.closed:
-            conn.rollback()
-        raise _translate(exc) from None
+    return _ids(caller.fetch_one(conn, Q.enqueue_many, params, translate=_translate))
 
 
 def enqueue(
@@ -344,18 +335,7 @@ async def enqueue_many_async(
 ) -> list[int]:
     """The twin of :func:`enqueue_many` for psycopg's ``AsyncConnection``."""
     params = _params(job, args_list, delay, run_at, priority, queue)
-    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
-    try:
-        if in_tx:
-            async with conn.transaction():
-                cur = await conn.execute(Q.enqueue_many, params)
-                return _ids(await cur.fetchone())
-        cur = await conn.execute(Q.enqueue_many, params)
-        return _ids(await cur.fetchone())
-    except psycopg.Error as exc:
-        if not in_tx and not conn.autocommit and not conn.closed:
-            await conn.rollback()
-        raise _translate(exc) from None
+    return _ids(await caller.fetch_one_async(conn, Q.enqueue_many, params, translate=_translate))
 
 
 async def enqueue_async(

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any, LiteralString
 
 import psycopg
-from psycopg.pq import TransactionStatus
 
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError, ValidationError
+from atlantis.store import caller
 from atlantis.store.queries import Q
 from atlantis.units import int_problem
 
@@ -47,34 +47,14 @@ def _job_id(job_id: object) -> object:
 
 
 def _call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
-    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
-    try:
-        if in_tx:
-            with conn.transaction():  # a savepoint: never commits the caller's work
-                row = conn.execute(query, params).fetchone()
-        else:
-            row = conn.execute(query, params).fetchone()
-    except psycopg.Error as exc:
-        if not in_tx and not conn.autocommit and not conn.closed:
-            conn.rollback()
-        raise _translate(exc) from None
+    row = caller.fetch_one(conn, query, params, translate=_translate)
     assert row is not None
     return row[0]
 
 
 async def _call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any]) -> Any:
-    in_tx = conn.info.transaction_status == TransactionStatus.INTRANS
-    try:
-        if in_tx:
-            async with conn.transaction():
-                row = await (await conn.execute(query, params)).fetchone()
-        else:
-            row = await (await conn.execute(query, params)).fetchone()
-    except psycopg.Error as exc:
-        if not in_tx and not conn.autocommit and not conn.closed:
-            await conn.rollback()
-        raise _translate(exc) from None
+    row = await caller.fetch_one_async(conn, query, params, translate=_translate)
     assert row is not None
     return row[0]
 

@@ -150,7 +150,7 @@ def test_a_filter_no_index_serves_searches_a_window_of_ids_a_page(
 ) -> None:
     """On a big table an args or job filter must not scan every row per page: it searches
     SCAN_WINDOW ids, and an emptier page says where to go on, until every match was seen."""
-    from atlantis.store import console as store
+    from atlantis.store import console_queries as store
 
     monkeypatch.setattr(store, "SCAN_WINDOW", 4)
     ids = [enqueue(db, "console.Import", account_id="w" if i in (0, 1, 6) else "x")

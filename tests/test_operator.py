@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.store import admin
+from atlantis import operations
 from tests.conftest import BIN, ROOT, wait_for, wait_state
 from tests.test_operations import make_dead
 
@@ -52,7 +52,7 @@ def test_handler_text_is_escaped_in_every_human_output_and_exact_in_json(
     db.execute("UPDATE atlantis.jobs SET last_error = %s, progress_msg = %s WHERE id = %s",
                (f"Traceback (most recent call last):\n  File \"x\"\nValueError: {HOSTILE}",
                 HOSTILE, failed))
-    admin.pause_queue(db, queue, reason=HOSTILE, by="ops" + HOSTILE)
+    operations.pause(db, queue, reason=HOSTILE, by="ops" + HOSTILE)
     atlantis.enqueue(db, "tests.Echo", {"key": "y"}, queue="u" + HOSTILE)  # nobody serves it
     db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, "
                "expires_at, jobs) VALUES (%s, %s, 77, %s, 1, 0, now() + interval '1 minute', "

@@ -22,7 +22,7 @@ import psycopg
 
 import atlantis
 from atlantis.declarations import parse_atl_file
-from atlantis.store import admin, sync
+from atlantis.store import fleet, sync
 from tests.conftest import BIN, ROOT, wait_for, wait_state
 
 QUEUE = "reload"
@@ -227,5 +227,5 @@ def test_waiting_jobs_of_a_type_no_live_supervisor_handles_are_flagged(
     write_app(tmp_path, declared=("One", "Two"), handled=("One", "Two"), version=2)
     sup.signal(signal.SIGHUP)
     assert result(db, stuck)["version"] == 2
-    [after] = [q for q in admin.queue_stats(db) if q.queue == QUEUE]
+    [after] = [q for q in fleet.queue_stats(db) if q.queue == QUEUE]
     assert not after.unserved and after.unserved_jobs == []

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import atlantis
-from atlantis.store import admin, migrate
+from atlantis.store import fleet, migrate
 from atlantis.store.migrate import migrations
 from tests.conftest import BIN, ROOT, job_row, url_for, wait_for, wait_state
 from tests.test_operations import make_dead, make_running
@@ -376,11 +376,11 @@ def test_queue_counts_are_exact_up_to_the_cap_and_estimates_beyond(
     db.execute("UPDATE atlantis.jobs SET run_at = now() - interval '1 hour'"
                " WHERE args->>'key' = 'k3'")
     db.execute("ANALYZE atlantis.jobs")
-    (exact,) = [q for q in admin.queue_stats(db) if q.queue == "tests"]
+    (exact,) = [q for q in fleet.queue_stats(db) if q.queue == "tests"]
     assert (exact.available, exact.due, exact.approximate) == (14, 13, [])
     assert exact.oldest_waiting_seconds is not None
     assert 3590 <= exact.oldest_waiting_seconds <= 3700  # k3, at priority 0 behind "urgent"
-    (capped,) = [q for q in admin.queue_stats(db, cap=5) if q.queue == "tests"]
+    (capped,) = [q for q in fleet.queue_stats(db, cap=5) if q.queue == "tests"]
     assert capped.approximate == ["available", "due"]
     assert capped.available >= 6 and capped.due == 6  # the planner's, never below cap + 1
     assert capped.oldest_waiting_seconds == pytest.approx(exact.oldest_waiting_seconds, abs=5)

@@ -15,7 +15,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from atlantis.cli.escape import safe
-from atlantis.store import admin
+from atlantis.presentation import json_default
+from atlantis.store import admin, fleet
 from atlantis.store.database import (
     ENV_URL,
     DatabaseUrlError,
@@ -56,7 +57,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 
 
 def _dump(doc: Any) -> None:
-    click.echo(orjson.dumps(doc, default=admin.json_default, option=orjson.OPT_INDENT_2).decode())
+    click.echo(orjson.dumps(doc, default=json_default, option=orjson.OPT_INDENT_2).decode())
 
 
 def _operator() -> str | None:
@@ -148,7 +149,7 @@ def _get_job(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
 
 def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
     """A queue nothing names (no declaration, job, pause or supervisor) is a typo: say so."""
-    if queue is not None and not admin.queue_known(conn, queue):
+    if queue is not None and not fleet.queue_known(conn, queue):
         _fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
 
 

@@ -14,6 +14,7 @@ import orjson
 import psycopg
 
 import atlantis
+from atlantis import operations
 from atlantis.cli import render
 from atlantis.cli.common import (
     ATTEMPT,
@@ -32,7 +33,9 @@ from atlantis.cli.common import (
 )
 from atlantis.cli.escape import safe
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
-from atlantis.store import admin
+from atlantis.presentation import job_document, log_document
+from atlantis.store import admin, fleet
+from atlantis.store.typed_rows import as_dict
 from atlantis.units import format_duration
 
 # ---- job --------------------------------------------------------------------------------
@@ -53,8 +56,8 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
         row = _get_job(conn, job_id)
         attempts = admin.job_attempts(conn, job_id)
     if as_json:
-        doc = row.document()
-        doc["attempts"] = [admin.as_dict(a) for a in attempts]
+        doc = job_document(row)
+        doc["attempts"] = [as_dict(a) for a in attempts]
         _dump(doc)
     else:
         click.echo(render.status_text(row, attempts))
@@ -96,7 +99,7 @@ def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: 
     rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state,
                                                    stalled=stalled, limit=limit), queue=queue)
     if as_json:
-        _dump([r.document() for r in rows])
+        _dump([job_document(r) for r in rows])
     else:
         render.job_table(rows)
 
@@ -131,7 +134,7 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
             job_id = atlantis.enqueue(conn, name, args, delay=seconds, priority=priority, queue=queue)
         except AtlantisError as exc:
             _fail(str(exc))
-        unheard = queue is not None and not admin.queue_served(conn, queue)
+        unheard = queue is not None and not fleet.queue_served(conn, queue)
         conn.commit()
     if unheard:
         click.echo(f"tide: warning: no declaration names queue {queue!r} and no supervisor has "
@@ -146,7 +149,7 @@ def job_retry(ctx: click.Context, job_id: int) -> None:
     """Put a dead or cancelled job back to available with a fresh attempt budget."""
     with _connect(ctx) as conn:
         try:
-            retried = admin.retry_job(conn, job_id, by=_operator())
+            retried = operations.retry(conn, job_id, by=_operator()) is not None
         except (JobNotFoundError, UniqueKeyTakenError) as exc:
             _fail(str(exc))
         if not retried:
@@ -162,7 +165,7 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a waiting job; a running attempt is told, then stopped after the grace."""
     with _connect(ctx) as conn:
         try:
-            after = admin.cancel_job(conn, job_id, by=_operator())
+            after = operations.cancel(conn, job_id, by=_operator())
         except JobNotFoundError as exc:
             _fail(str(exc))
         if after is None:
@@ -262,9 +265,7 @@ def _attempt_running(conn: psycopg.Connection[Any], job_id: int, run: int, attem
 
 def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
     if as_json:
-        doc = {"id": line.id, "job_id": job_id, "run": line.run, "attempt": line.attempt,
-               "at": line.at.isoformat(), "stream": line.stream, "line": line.line}
-        return orjson.dumps(doc).decode()
+        return orjson.dumps(log_document(line, job_id=job_id)).decode()
     stamp = line.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     stream = click.style(f"{safe(line.stream):<6}", fg="red" if line.stream == "stderr" else None)
     return f"{stamp} {stream} {safe(line.line)}"

@@ -22,7 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from atlantis.cli.escape import safe
-from atlantis.store.admin import AttemptRow, JobRow, QueueStats, WorkerRow, parse_worker
+from atlantis.presentation import job_estimate
+from atlantis.store.admin import AttemptRow, JobRow, parse_worker
+from atlantis.store.fleet import QueueStats, WorkerRow
 from atlantis.units import format_duration, format_size
 
 BAR_WIDTH = 30
@@ -122,7 +124,7 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         add("progress", f"{progress_bar(job.progress_pct)}{msg}  ({relative(job.progress_at, now)})")
     else:
         add("progress", f"{progress_bar(None)}  (no checkpoint yet)")
-    guess = job.estimate()
+    guess = job_estimate(job)
     if guess.rate is not None or job.running:
         eta = "-"
         if guess.eta_seconds is not None:
@@ -285,7 +287,7 @@ def job_table(jobs: Sequence[JobRow]) -> None:
         state = styled(job.state + (" STALLED" if job.stalled else ""),
                        STALLED_STYLE if job.stalled else _fg(job.state))
         bar = progress_bar(job.progress_pct, SMALL_BAR) if job.progress_pct is not None else ""
-        guess = job.estimate()
+        guess = job_estimate(job)
         eta = short_duration(guess.eta_seconds) if guess.eta_seconds is not None else ""
         rows.append([str(job.id), job.job, job.queue, state, f"{job.attempt}/{job.max_attempts}",
                      bar, eta, when(job, now), job.progress_msg or "", job.last_error or ""])
@@ -349,7 +351,7 @@ def queue_table(queues: Sequence[QueueStats]) -> None:
 
 
 def _count(q: QueueStats, state: str) -> str:
-    """A queue's count of ``state``; an estimate (above admin.COUNT_CAP) reads "≈12345"."""
+    """A queue's count of ``state``; an estimate (above fleet.COUNT_CAP) reads "≈12345"."""
     count = int(getattr(q, state))
     return f"≈{count}" if state in q.approximate else str(count)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 import atlantis
+from atlantis import operations
 from atlantis.app import load_app
 from atlantis.cli import render
 from atlantis.cli.common import (
@@ -40,10 +41,12 @@ from atlantis.cli.schedules import schedule
 from atlantis.cli.usage import OneLineGroup
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
-from atlantis.store import admin, migrate, sync
+from atlantis.presentation import job_document, worker_document
+from atlantis.store import admin, fleet, migrate, sync
 from atlantis.store.database import (
     ENV_URL,
 )
+from atlantis.store.typed_rows import as_dict
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,7 +83,7 @@ def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -
     rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state="dead", limit=limit),
                  queue=queue)
     if as_json:
-        _dump([r.document() for r in rows])
+        _dump([job_document(r) for r in rows])
     else:
         render.dlq_table(rows)
 
@@ -95,9 +98,9 @@ def queue() -> None:
 @click.pass_context
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
     """Per queue: counts by state, stalled jobs, oldest wait, throughput, pause, supervisors."""
-    rows = _rows(ctx, admin.queue_stats)
+    rows = _rows(ctx, fleet.queue_stats)
     if as_json:
-        _dump([admin.as_dict(r) for r in rows])
+        _dump([as_dict(r) for r in rows])
     else:
         render.queue_table(rows)
 
@@ -110,7 +113,7 @@ def queue_pause(ctx: click.Context, name: str, reason: str | None) -> None:
     """Stop supervisors claiming from a queue; running attempts continue."""
     with _connect(ctx) as conn:
         _check_queue(conn, name)
-        changed = admin.pause_queue(conn, name, reason=reason, by=_operator())
+        changed = operations.pause(conn, name, reason=reason, by=_operator())
     click.echo(f"queue {safe(name)} paused"
                + ("" if changed else " (it was paused already)"))
 
@@ -122,7 +125,7 @@ def queue_resume(ctx: click.Context, name: str) -> None:
     """Let supervisors claim from a paused queue again."""
     with _connect(ctx) as conn:
         _check_queue(conn, name)
-        changed = admin.resume_queue(conn, name, by=_operator())
+        changed = operations.resume(conn, name, by=_operator())
     shown = safe(name)
     click.echo(f"queue {shown} resumed" if changed else f"queue {shown} was not paused")
 
@@ -137,9 +140,9 @@ def worker() -> None:
 @click.pass_context
 def worker_list(ctx: click.Context, as_json: bool) -> None:
     """Live supervisors: host, pid, queues, in-flight jobs and their children's memory."""
-    rows = _rows(ctx, admin.list_workers)
+    rows = _rows(ctx, fleet.list_workers)
     if as_json:
-        _dump([r.document() for r in rows])
+        _dump([worker_document(r) for r in rows])
     else:
         render.worker_table(rows)
 

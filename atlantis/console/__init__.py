@@ -5,5 +5,6 @@ Server-rendered pages (``pages.py``, ``templates/``), a JSON API under ``/api`` 
 pages' few lines of plain JavaScript use too (``api.py``, documented in
 ``docs/console-api.md``), and one LISTEN connection per process whose notifications are
 fanned out to every browser as server-sent events (``events.py``). Reads and writes go
-through the store layer (:mod:`atlantis.store.admin`, :mod:`atlantis.store.console`).
+through the store layer (:mod:`atlantis.store.admin`, :mod:`atlantis.store.fleet`,
+:mod:`atlantis.store.console_queries`) and :mod:`atlantis.operations`.
 """

@@ -9,6 +9,7 @@ import psycopg
 from starlette.requests import Request
 from starlette.responses import Response
 
+from atlantis import operations
 from atlantis.console.auth import Principal
 from atlantis.console.common import (
     BIGINT_MAX,
@@ -22,7 +23,7 @@ from atlantis.console.common import (
 )
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
 from atlantis.store import admin
-from atlantis.store import console as store
+from atlantis.store import console_queries as store
 
 
 async def _audit(request: Request, who: Principal, action: str, target: str, outcome: str,
@@ -74,12 +75,12 @@ async def do_action(request: Request, who: Principal, action: str, job_id: int) 
         if row is None:
             raise ApiError(404, f"no job with id {job_id}")
         if action == "retry":
-            if not admin.retry_job(conn, job_id, by=by):
+            if operations.retry(conn, job_id, by=by) is None:
                 raise ApiError(409, f"job {job_id} is {row.state}: only dead or cancelled "
                                     "jobs can be retried")
             return {"id": job_id, "state": "available"}
         if action == "cancel":
-            state = admin.cancel_job(conn, job_id, by=by)
+            state = operations.cancel(conn, job_id, by=by)
             if state is None:
                 raise ApiError(409, f"job {job_id} has finished ({row.state})")
             return {"id": job_id, "state": state}
@@ -154,9 +155,9 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
         for job_id in chosen:
             try:
                 if action == "retry":
-                    ok = admin.retry_job(conn, job_id, by=by)
+                    ok = operations.retry(conn, job_id, by=by) is not None
                 else:
-                    ok = admin.cancel_job(conn, job_id, by=by) is not None
+                    ok = operations.cancel(conn, job_id, by=by) is not None
             except (UniqueKeyTakenError, JobNotFoundError) as exc:
                 skipped.append({"id": job_id, "reason": str(exc)})
                 continue

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from atlantis import operations
 from atlantis.console.actions import _audit, _by
 from atlantis.console.actions import do_action as do_action
 from atlantis.console.actions import do_bulk as do_bulk
@@ -39,10 +40,12 @@ from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
 from atlantis.console.common import text_param as text_param
 from atlantis.console.data import dumps, job_doc
-from atlantis.console.events import Broker, log_doc
-from atlantis.store import admin
-from atlantis.store import console as store
+from atlantis.console.events import Broker
+from atlantis.presentation import log_document, worker_document
+from atlantis.store import admin, fleet
+from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
+from atlantis.store.typed_rows import as_dict
 
 # -- endpoints ---------------------------------------------------------------------------------
 
@@ -97,11 +100,11 @@ def read_logs(conn: psycopg.Connection[Any], job_id: int, attempt: int | None,
         current = row.attempt if run == row.run else 0
         attempt = admin.latest_log_attempt(conn, job_id, run=run) or max(current, 1)
     if after > 0:
-        lines = [log_doc(ln) for ln in admin.log_lines(conn, job_id, attempt, run=run,
-                                                       after=after, limit=limit)]
+        lines = [log_document(ln) for ln in admin.log_lines(conn, job_id, attempt, run=run,
+                                                            after=after, limit=limit)]
     else:
-        lines = [log_doc(ln) for ln in store.log_tail(conn, job_id, attempt, run=run,
-                                                      limit=limit)]
+        lines = [log_document(ln) for ln in store.log_tail(conn, job_id, attempt, run=run,
+                                                           limit=limit)]
     last = lines[-1]["id"] if lines else after
     return {"job_id": job_id, "run": run, "attempt": attempt, "lines": lines,
             "next_after": last}
@@ -238,8 +241,8 @@ async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
 
     def run(conn: psycopg.Connection[Any]) -> bool:
         if paused:
-            return admin.pause_queue(conn, queue, reason=reason, by=by)
-        return admin.resume_queue(conn, queue, by=by)
+            return operations.pause(conn, queue, reason=reason, by=by)
+        return operations.resume(conn, queue, by=by)
 
     changed = await db_of(request).run(run)
     await _audit(request, who, "pause" if paused else "resume", queue,
@@ -266,14 +269,14 @@ async def resume(request: Request) -> Response:
 def overview_data(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """Every queue's stats with ``per_minute``: completions in each of the last 60 minutes,
     oldest first."""
-    stats = admin.queue_stats(conn)
+    stats = fleet.queue_stats(conn)
     minutes: dict[str, list[int]] = {}
     for t in store.throughput(conn):
         if 0 <= t.minutes_ago < 60:
             minutes.setdefault(t.queue, [0] * 60)[59 - t.minutes_ago] = t.count
     out = []
     for s in stats:
-        doc = admin.as_dict(s)
+        doc = as_dict(s)
         doc["per_minute"] = minutes.get(s.queue, [0] * 60)
         out.append(doc)
     return out
@@ -288,8 +291,8 @@ async def queues(request: Request) -> Response:
 @handle
 async def workers(request: Request) -> Response:
     require_read(request)
-    rows = await db_of(request).run(admin.list_workers)
-    return json({"workers": [w.document() for w in rows]})
+    rows = await db_of(request).run(fleet.list_workers)
+    return json({"workers": [worker_document(w) for w in rows]})
 
 
 @handle
@@ -304,7 +307,7 @@ async def dlq(request: Request) -> Response:
     require_read(request)
     queue = text_param(request.query_params.get("queue"), "queue") or None
     groups = await db_of(request).run(lambda conn: store.dlq_groups(conn, queue=queue))
-    return json({"groups": [admin.as_dict(g) for g in groups]})
+    return json({"groups": [as_dict(g) for g in groups]})
 
 
 @handle
@@ -312,7 +315,7 @@ async def audit(request: Request) -> Response:
     require_read(request)
     before = _int(request.query_params.get("before"), "before")
     rows = await db_of(request).run(lambda conn: store.audit_log(conn, before=before))
-    return json({"audit": [admin.as_dict(r) for r in rows]})
+    return json({"audit": [as_dict(r) for r in rows]})
 
 
 @handle

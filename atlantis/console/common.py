@@ -13,7 +13,7 @@ from atlantis.console.data import Database, dumps
 from atlantis.console.events import Broker
 from atlantis.console.settings import Settings
 from atlantis.store import admin
-from atlantis.store import console as store
+from atlantis.store import console_queries as store
 
 #: The most jobs one bulk action "by filter" touches.
 BULK_LIMIT = 10_000

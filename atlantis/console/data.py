@@ -18,7 +18,9 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from atlantis.console.settings import REDACTED
+from atlantis.presentation import job_document, json_default
 from atlantis.store import admin
+from atlantis.store.typed_rows import as_dict
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -47,7 +49,7 @@ class Database:
 
 
 def dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc, default=admin.json_default, option=orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(doc, default=json_default, option=orjson.OPT_NON_STR_KEYS)
 
 
 def redact(value: Any, keys: frozenset[str]) -> Any:
@@ -71,7 +73,7 @@ def job_doc(row: admin.JobRow, keys: frozenset[str],
     ``stall_after``, and for reading ages without a clock of one's own: ``now`` (the
     database's clock), ``lease_expires_in``, ``since_checkpoint``, ``since_renewal`` (seconds)
     and ``holder`` (``{"host", "pid"}`` of the lease holder)."""
-    doc = row.document()
+    doc = job_document(row)
     doc["args"] = redact(doc["args"], keys)
     now = row.db_now
     doc["now"] = now
@@ -86,7 +88,7 @@ def job_doc(row: admin.JobRow, keys: frozenset[str],
     holder = row.holder
     doc["holder"] = None if holder is None else {"host": holder[0], "pid": holder[1]}
     if attempts is not None:
-        doc["attempts"] = [admin.as_dict(a) for a in attempts]
+        doc["attempts"] = [as_dict(a) for a in attempts]
     return doc
 
 

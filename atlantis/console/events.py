@@ -4,7 +4,8 @@ The supervisors already NOTIFY: ``atlantis_jobs`` (work was enqueued, one per st
 queue), ``atlantis_control`` (cancel, pause, resume) and ``atlantis_progress`` (a JSON
 array of the ids of jobs whose row changed: a checkpoint sample, at most one a second per
 job, or a finished attempt; one per statement). The :class:`Broker` listens to all three on
-a single connection and, at most every ``debounce`` seconds:
+a single connection (``console_listen`` in the store) and, at most every ``debounce``
+seconds:
 
 - tells list pages to refresh (one ``refresh`` event, whatever number of notifications);
 - reads again, once for all their viewers, the rows of the jobs whose pages are open and
@@ -32,12 +33,12 @@ import orjson
 import psycopg
 
 from atlantis.console.data import Database, dumps, job_doc
+from atlantis.presentation import log_document
 from atlantis.store import admin
-from atlantis.store import console as store
+from atlantis.store import console_queries as store
 
 log = logging.getLogger("atlantis.console")
 
-CHANNELS = ("atlantis_jobs", "atlantis_control", "atlantis_progress")
 #: How many events a slow viewer may have waiting before new ones are dropped.
 QUEUE_SIZE = 1000
 
@@ -135,8 +136,7 @@ class Broker:
                 conn = await psycopg.AsyncConnection.connect(
                     self.url, autocommit=True, application_name="atlantis-console-listen")
                 async with conn:
-                    for channel in CHANNELS:
-                        await conn.execute(f"LISTEN {channel}")
+                    await store.listen(conn)
                     self.listening = True
                     backoff = 0.5
                     # Whatever happened while nobody listened: refresh everything once.
@@ -245,12 +245,7 @@ class Broker:
                     fresh = [ln for ln in batch if ln.id > sub.log_after]
                     if fresh:
                         sub.log_after = fresh[-1].id
-                        sub.put("log", dumps([log_doc(ln) for ln in fresh]))
-
-
-def log_doc(line: store.ConsoleLogLine | admin.LogLine) -> dict[str, Any]:
-    return {"id": line.id, "run": line.run, "attempt": line.attempt, "at": line.at,
-            "stream": line.stream, "line": line.line}
+                        sub.put("log", dumps([log_document(ln) for ln in fresh]))
 
 
 def _logs_since(conn: psycopg.Connection[Any], *, ids: list[int],

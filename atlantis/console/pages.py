@@ -23,8 +23,8 @@ from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
 from atlantis.console.data import job_doc, sparkline
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
-from atlantis.store import admin
-from atlantis.store import console as store
+from atlantis.store import admin, fleet
+from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
 from atlantis.units import format_duration
 
@@ -68,7 +68,7 @@ def _json(value: Any) -> str:
 
 env.filters.update(duration=_duration, ago=_ago, ts=_ts, pretty=_json)
 def _approx(queue: dict[str, Any], state: str) -> str:
-    """A queue's count of ``state``; an estimate (above admin.COUNT_CAP) reads "≈12,345"."""
+    """A queue's count of ``state``; an estimate (above fleet.COUNT_CAP) reads "≈12,345"."""
     count = int(queue[state])
     return f"≈{count:,}" if state in queue["approximate"] else str(count)
 
@@ -121,7 +121,7 @@ async def overview(request: Request, who: Principal) -> Response:
     def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         return {"queues": api.overview_data(conn),
                 "stalled": admin.list_jobs(conn, stalled=True, limit=20),
-                "workers": admin.list_workers(conn),
+                "workers": fleet.list_workers(conn),
                 "estimate": store.estimated_jobs(conn)}
 
     data = await db_of(request).run(read)
@@ -191,7 +191,7 @@ async def queues(request: Request, who: Principal) -> Response:
 
 @page
 async def workers(request: Request, who: Principal) -> Response:
-    rows = await db_of(request).run(admin.list_workers)
+    rows = await db_of(request).run(fleet.list_workers)
     return render(request, "workers.html", who=who, workers=rows)
 
 

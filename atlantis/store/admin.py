@@ -1,26 +1,26 @@
-"""What operators' tools (``tide``, the console) read and change, as typed rows.
+"""Jobs as operators' tools (``tide``, the console) read them: a job, its ended attempts
+and its log lines, as typed rows; queues and supervisors are :mod:`atlantis.store.fleet`'s.
 
 Every statement is a named query of ``admin.sql``; every row is read by column name into
-one of the dataclasses below (:func:`atlantis.store.rows.known_columns_row`): a column the
-dataclass lacks fails the read loudly, a column it does not know is left out (a schema one
-release ahead may have added it, docs/upgrading.md). Changes go through
-:mod:`atlantis.operations`, that is through the SQL functions every path shares. Nothing
-here commits: on an autocommit connection each call is its own transaction, otherwise the
-caller's transaction holds it.
+one of the dataclasses below (:func:`atlantis.store.typed_rows.known_columns_row`): a column
+the dataclass lacks fails the read loudly, a column it does not know is left out (a schema
+one release ahead may have added it, docs/upgrading.md). Changes of a job's or a queue's
+state are :mod:`atlantis.operations`'s (the SQL functions every path shares); the documents
+``--json`` and the API show are :mod:`atlantis.presentation`'s. Nothing here commits: on an
+autocommit connection each call is its own transaction, otherwise the caller's transaction
+holds it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from datetime import date, datetime, timedelta
-from decimal import Decimal
-from typing import Any, LiteralString, TypeVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 
-from atlantis import operations, progress
 from atlantis.store.queries import Q
-from atlantis.store.rows import known_columns_row
+from atlantis.store.typed_rows import all_rows, one_row
 
 #: The states a job can be in (``atlantis.jobs.state``).
 STATES = ("available", "running", "complete", "dead", "cancelled")
@@ -28,7 +28,6 @@ STATES = ("available", "running", "complete", "dead", "cancelled")
 FINISHED = ("complete", "dead", "cancelled")
 
 Conn = psycopg.Connection[Any]
-_Row = TypeVar("_Row")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +85,6 @@ class JobRow:
     def running(self) -> bool:
         return self.state == "running"
 
-    def estimate(self) -> progress.Estimate:
-        """Rate (pct/min) and ETA of this attempt, from its checkpoint history."""
-        return progress.estimate(self.progress_history, pct=self.progress_pct,
-                                 at=self.progress_at, now=self.db_now, running=self.running)
-
     @property
     def last_checkpoint(self) -> datetime | None:
         """When the running attempt last showed life by a checkpoint (its claim before one)."""
@@ -111,16 +105,6 @@ class JobRow:
         """(host, pid) of the supervisor holding or last holding the job (``claimed_by`` is
         ``host:pid:random``), or None."""
         return parse_worker(self.claimed_by)
-
-    def document(self) -> dict[str, Any]:
-        """Every column by name (``db_now`` left out) and the computed ``stalled``,
-        ``stall_after``, ``rate`` (pct/min) and ``eta_seconds``, for ``--json`` and the API."""
-        doc = as_dict(self)
-        del doc["db_now"]
-        guess = self.estimate()
-        doc["rate"] = guess.rate
-        doc["eta_seconds"] = guess.eta_seconds
-        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,77 +141,8 @@ class LogLine:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueStats:
-    """One queue: counts by state (``due``: available and due now; ``stalled``: running
-    past the stall threshold), the oldest due job's wait, completions in the last minute and
-    hour, whether an operator paused it, whether a declaration names it, how many live
-    supervisors serve it, ``unserved_jobs``: the job types of due jobs that no live supervisor
-    of the queue handles (see queue_stats in admin.sql), and ``unserved``: jobs are due and no
-    live supervisor serves the queue, or some of them are of such a type."""
-
-    queue: str
-    available: int
-    due: int
-    running: int
-    stalled: int
-    complete: int
-    dead: int
-    cancelled: int
-    oldest_waiting_seconds: float | None
-    completed_last_minute: int
-    completed_last_hour: int
-    paused: bool
-    paused_reason: str | None
-    paused_by: str | None
-    paused_at: datetime | None
-    declared: bool
-    supervisors: int
-    unserved: bool
-    approximate: list[str]
-    unserved_jobs: list[str]
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerRow:
-    """A live supervisor (its registration has not expired); ``jobs`` are its in-flight
-    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes);
-    ``job_types`` the jobs it claims (None: a supervisor of an earlier release, which did not
-    say)."""
-
-    id: str
-    host: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    in_flight: int
-    status: str
-    jobs: list[dict[str, Any]]
-    job_types: list[str] | None
-    started_at: datetime
-    seen_at: datetime
-    expires_at: datetime
-    db_now: datetime
-
-    @property
-    def memory(self) -> int:
-        """Resident memory of its children running attempts, in bytes."""
-        return sum(int(j.get("rss") or 0) for j in self.jobs if isinstance(j, dict))
-
-    def document(self) -> dict[str, Any]:
-        doc = as_dict(self)
-        del doc["db_now"]
-        doc["memory"] = self.memory
-        return doc
-
-
-@dataclass(frozen=True, slots=True)
 class _Version:
     version: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Known:
-    known: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,25 +161,6 @@ class _Deleted:
     deleted: int | None
 
 
-def json_default(value: Any) -> Any:
-    """What orjson cannot write itself, as tide and the console show it: times in ISO 8601,
-    durations in seconds, decimals as numbers, sets and tuples as lists."""
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    raise TypeError(f"not JSON: {type(value).__name__}")
-
-
-def as_dict(row: Any) -> dict[str, Any]:
-    """A row's fields by name, in column order (shallow: values are not copied)."""
-    return {f.name: getattr(row, f.name) for f in fields(row)}
-
-
 def parse_worker(worker: str | None) -> tuple[str, int | None] | None:
     """(host, pid) from a worker id ``host:pid:random``; (id, None) for another shape."""
     if not worker:
@@ -275,64 +171,27 @@ def parse_worker(worker: str | None) -> tuple[str, int | None] | None:
     return worker, None
 
 
-def _all(conn: Conn, cls: type[_Row], query: LiteralString,
-         params: dict[str, Any] | None = None) -> list[_Row]:
-    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchall()
-
-
-def _one(conn: Conn, cls: type[_Row], query: LiteralString,
-         params: dict[str, Any] | None = None) -> _Row | None:
-    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchone()
-
-
 def schema_version(conn: Conn) -> int | None:
     """The newest migration applied; raises (UndefinedTable) when the schema is missing."""
-    hit = _one(conn, _Version, Q.schema_version)
+    hit = one_row(conn, _Version, Q.schema_version)
     return None if hit is None else hit.version
 
 
 def get_job(conn: Conn, job_id: int) -> JobRow | None:
     """The job with this id, or None."""
-    return _one(conn, JobRow, Q.job_get, {"id": job_id})
+    return one_row(conn, JobRow, Q.job_get, {"id": job_id})
 
 
 def list_jobs(conn: Conn, *, queue: str | None = None, state: str | None = None,
               stalled: bool = False, limit: int = 50) -> list[JobRow]:
     """The newest ``limit`` jobs, of ``queue``, in ``state`` and only stalled ones when asked."""
-    return _all(conn, JobRow, Q.job_list,
+    return all_rows(conn, JobRow, Q.job_list,
                 {"queue": queue, "state": state, "stalled": stalled, "limit": limit})
 
 
 def job_attempts(conn: Conn, job_id: int) -> list[AttemptRow]:
     """The attempts of a job that ended, oldest first (the running one is the job row)."""
-    return _all(conn, AttemptRow, Q.job_attempts, {"job_id": job_id})
-
-
-def retry_job(conn: Conn, job_id: int, *, by: str | None = None) -> bool:
-    """Put a ``dead`` or ``cancelled`` job back to ``available`` (:func:`atlantis.retry`).
-
-    False if the job is in another state; raises JobNotFoundError for an unknown id and
-    UniqueKeyTakenError when another job holds its unique key.
-    """
-    return operations.retry(conn, job_id, by=by) is not None
-
-
-def cancel_job(conn: Conn, job_id: int, *, by: str | None = None) -> str | None:
-    """Cancel a job (:func:`atlantis.cancel`): the state it is in afterwards, or None if it
-    had finished. ``cancelled`` for a job that was waiting; ``running`` for a running one,
-    whose supervisor now stops the attempt (the job ends ``cancelled``)."""
-    return operations.cancel(conn, job_id, by=by)
-
-
-def pause_queue(conn: Conn, queue: str, *, reason: str | None = None,
-                by: str | None = None) -> bool:
-    """Pause ``queue``; whether it was being served until now."""
-    return operations.pause(conn, queue, reason=reason, by=by)
-
-
-def resume_queue(conn: Conn, queue: str, *, by: str | None = None) -> bool:
-    """Resume ``queue``; whether it was paused until now."""
-    return operations.resume(conn, queue, by=by)
+    return all_rows(conn, AttemptRow, Q.job_attempts, {"job_id": job_id})
 
 
 def prune(conn: Conn, older_than: float, states: list[str], *, batch: int = 1000) -> int:
@@ -341,7 +200,7 @@ def prune(conn: Conn, older_than: float, states: list[str], *, batch: int = 1000
     autocommit connection); returns how many."""
     total = 0
     while True:
-        hit = _one(conn, _Deleted, Q.operator_prune, {
+        hit = one_row(conn, _Deleted, Q.operator_prune, {
             "older_than": timedelta(seconds=older_than), "states": states, "batch": batch})
         deleted = 0 if hit is None or hit.deleted is None else hit.deleted
         total += deleted
@@ -353,7 +212,7 @@ def log_lines(conn: Conn, job_id: int, attempt: int, *, run: int, after: int = 0
               limit: int = 1000) -> list[LogLine]:
     """Up to ``limit`` lines of attempt ``attempt`` of run ``run`` written after line id
     ``after``, in order."""
-    return _all(conn, LogLine, Q.job_log_lines, {"job_id": job_id, "run": run,
+    return all_rows(conn, LogLine, Q.job_log_lines, {"job_id": job_id, "run": run,
                                                  "attempt": attempt, "after": after,
                                                  "limit": limit})
 
@@ -361,7 +220,7 @@ def log_lines(conn: Conn, job_id: int, attempt: int, *, run: int, after: int = 0
 def latest_log(conn: Conn, job_id: int, *, run: int | None = None) -> tuple[int, int] | None:
     """(run, attempt) of the attempt that wrote the job's newest log line (in run ``run``
     when given), or None when it has none."""
-    hit = _one(conn, _Attempt, Q.job_log_attempt, {"job_id": job_id, "run": run})
+    hit = one_row(conn, _Attempt, Q.job_log_attempt, {"job_id": job_id, "run": run})
     return None if hit is None else (hit.run, hit.attempt)
 
 
@@ -375,39 +234,5 @@ def latest_log_attempt(conn: Conn, job_id: int, *, run: int | None = None) -> in
 def run_attempts(conn: Conn, job_id: int, run: int) -> int:
     """How many attempts run ``run`` of a job has had by its timeline and logs (0: none;
     the running attempt is the job row's)."""
-    hit = _one(conn, _Attempts, Q.job_run_attempts, {"job_id": job_id, "run": run})
+    hit = one_row(conn, _Attempts, Q.job_run_attempts, {"job_id": job_id, "run": run})
     return 0 if hit is None or hit.attempts is None else hit.attempts
-
-
-#: Counts by queue and state are exact up to this many rows; above, the planner's estimate.
-COUNT_CAP = 10_000
-#: ``unserved_jobs`` looks at this many due jobs per queue, the first in claim order.
-UNSERVED_SAMPLE = 1_000
-
-
-def queue_stats(conn: Conn, *, cap: int = COUNT_CAP,
-                sample: int = UNSERVED_SAMPLE) -> list[QueueStats]:
-    """Every queue anything names (declared ones even when empty), by name. A count above
-    ``cap`` is the planner's estimate, and its state is listed in ``approximate``. The job
-    types in ``unserved_jobs`` are those among the first ``sample`` due jobs of the queue,
-    in claim order, that no live supervisor of the queue handles: a job nobody claims stays
-    at the head of that order while the others are claimed."""
-    return _all(conn, QueueStats, Q.queue_stats, {"cap": cap, "sample": sample})
-
-
-def list_workers(conn: Conn) -> list[WorkerRow]:
-    """Live supervisors, oldest first."""
-    return _all(conn, WorkerRow, Q.worker_list)
-
-
-def queue_known(conn: Conn, queue: str) -> bool:
-    """Whether a declaration, a job, a pause or a live supervisor names ``queue`` (else it is
-    probably a typo)."""
-    hit = _one(conn, _Known, Q.queue_known, {"queue": queue})
-    return hit is not None and hit.known
-
-
-def queue_served(conn: Conn, queue: str) -> bool:
-    """Whether a declaration names ``queue`` or some supervisor has served it."""
-    hit = _one(conn, _Known, Q.queue_served, {"queue": queue})
-    return hit is not None and hit.known

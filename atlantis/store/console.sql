@@ -1,8 +1,9 @@
 -- The statements only the web console (`tide console`, atlantis/console) needs, by name.
 -- Loaded with queries.sql and admin.sql by atlantis/store/queries.py; the same rules hold:
--- every value a parameter. Run only through atlantis/store/console.py. Reads of single jobs,
--- queues, workers, logs and schedules, and every change of a job's or queue's state, are
--- admin.sql's and the SQL functions' (atlantis.cancel, retry, pause, resume): not here.
+-- every value a parameter. Run only through atlantis/store/console_queries.py. Reads of
+-- single jobs, queues, workers, logs and schedules, and every change of a job's or queue's
+-- state, are admin.sql's and the SQL functions' (atlantis.cancel, retry, pause, resume):
+-- not here.
 
 -- name: console_jobs_page
 -- One page of jobs, newest first, by keyset (`before`: the smallest id of the previous
@@ -111,3 +112,9 @@ SELECT id, at, action, target, detail, client, label, outcome
  WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
  ORDER BY id DESC
  LIMIT %(limit)s
+
+-- name: console_listen
+-- What the console's live pages follow, on one autocommit connection: atlantis_jobs (a
+-- queue has new work), atlantis_control (cancel, pause, resume: a JSON object naming the
+-- job_id or queue) and atlantis_progress (a JSON array of the ids of jobs whose row changed).
+LISTEN atlantis_jobs; LISTEN atlantis_control; LISTEN atlantis_progress

@@ -68,6 +68,7 @@ class Queries:
     console_log_last_id: LiteralString
     console_audit_insert: LiteralString
     console_audit_list: LiteralString
+    console_listen: LiteralString
     # doctor.sql (`tide db doctor`)
     doctor_server_version: LiteralString
     doctor_live_supervisors: LiteralString

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
+import psycopg
 from psycopg import errors
 from psycopg.rows import RowFactory, RowMaker
 
@@ -37,3 +38,20 @@ def known_columns_row(cls: type[T]) -> RowFactory[T]:
         return make
 
     return factory
+
+
+def all_rows(conn: psycopg.Connection[Any], cls: type[T], query: LiteralString,
+             params: dict[str, Any] | None = None) -> list[T]:
+    """Every row of ``query``, each read into ``cls`` by :func:`known_columns_row`."""
+    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchall()
+
+
+def one_row(conn: psycopg.Connection[Any], cls: type[T], query: LiteralString,
+            params: dict[str, Any] | None = None) -> T | None:
+    """The first row of ``query`` read into ``cls`` (None: no row)."""
+    return conn.cursor(row_factory=known_columns_row(cls)).execute(query, params).fetchone()
+
+
+def as_dict(row: Any) -> dict[str, Any]:
+    """A row's fields by name, in column order (shallow: values are not copied)."""
+    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}

@@ -1,12 +1,13 @@
-"""What only the web console (``tide console``) reads and writes, as typed rows.
+"""The queries only the web console (``tide console``) runs, with their typed rows.
 
-Single jobs, queues, workers, logs of one attempt, schedules and every change of a job's or
-queue's state come from :mod:`atlantis.store.admin` and :mod:`atlantis.store.schedules`
-(and so from the SQL functions every path shares). Here: keyset pages of jobs with filters
-(args by jsonb containment), the ids a bulk action touches, deletion of finished jobs, the
-dead-letter queue grouped by error fingerprint, throughput per minute, the planner's
-estimate of the table's size, log lines of many jobs at once, and the console's audit
-table. Every statement is a named query of ``console.sql``. Nothing here commits.
+Single jobs, logs of one attempt, queues, workers and schedules come from
+:mod:`atlantis.store.admin`, :mod:`atlantis.store.fleet` and :mod:`atlantis.store.schedules`,
+and every change of a job's or queue's state from :mod:`atlantis.operations` (the SQL
+functions every path shares). Here: keyset pages of jobs with filters (args by jsonb
+containment), the ids a bulk action touches, deletion of finished jobs, the dead-letter
+queue grouped by error fingerprint, throughput per minute, the planner's estimate of the
+table's size, log lines of many jobs at once, the console's audit table, and the LISTEN of
+its live pages. Every statement is a named query of ``console.sql``. Nothing here commits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from atlantis.store.admin import FINISHED, JobRow
 from atlantis.store.queries import Q
-from atlantis.store.rows import known_columns_row
+from atlantis.store.typed_rows import known_columns_row
 
 Conn = psycopg.Connection[Any]
 
@@ -227,3 +228,9 @@ def audit_log(conn: Conn, *, before: int | None = None, limit: int = 100) -> lis
     """The newest recorded writes first."""
     return conn.cursor(row_factory=class_row(AuditRow)).execute(
         Q.console_audit_list, {"before": before, "limit": limit}).fetchall()
+
+
+async def listen(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Subscribe ``conn`` (autocommit) to the notifications the console follows: work
+    enqueued, cancel, pause and resume, and jobs whose row changed (``console_listen``)."""
+    await conn.execute(Q.console_listen)

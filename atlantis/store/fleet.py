@@ -1,0 +1,116 @@
+"""Queues and supervisors as operators' tools (``tide``, the console) read them.
+
+Every statement is a named query of ``admin.sql``, read by column name into the dataclasses
+below (:func:`atlantis.store.typed_rows.known_columns_row`, as in :mod:`atlantis.store.admin`).
+Pausing and resuming a queue are :mod:`atlantis.operations`'s. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from atlantis.store.queries import Q
+from atlantis.store.typed_rows import all_rows, one_row
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue: counts by state (``due``: available and due now; ``stalled``: running
+    past the stall threshold), the oldest due job's wait, completions in the last minute and
+    hour, whether an operator paused it, whether a declaration names it, how many live
+    supervisors serve it, ``unserved_jobs``: the job types of due jobs that no live supervisor
+    of the queue handles (see queue_stats in admin.sql), and ``unserved``: jobs are due and no
+    live supervisor serves the queue, or some of them are of such a type."""
+
+    queue: str
+    available: int
+    due: int
+    running: int
+    stalled: int
+    complete: int
+    dead: int
+    cancelled: int
+    oldest_waiting_seconds: float | None
+    completed_last_minute: int
+    completed_last_hour: int
+    paused: bool
+    paused_reason: str | None
+    paused_by: str | None
+    paused_at: datetime | None
+    declared: bool
+    supervisors: int
+    unserved: bool
+    approximate: list[str]
+    unserved_jobs: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """A live supervisor (its registration has not expired); ``jobs`` are its in-flight
+    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes);
+    ``job_types`` the jobs it claims (None: a supervisor of an earlier release, which did not
+    say)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    status: str
+    jobs: list[dict[str, Any]]
+    job_types: list[str] | None
+    started_at: datetime
+    seen_at: datetime
+    expires_at: datetime
+    db_now: datetime
+
+    @property
+    def memory(self) -> int:
+        """Resident memory of its children running attempts, in bytes."""
+        return sum(int(j.get("rss") or 0) for j in self.jobs if isinstance(j, dict))
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    known: bool
+
+
+#: Counts by queue and state are exact up to this many rows; above, the planner's estimate.
+COUNT_CAP = 10_000
+#: ``unserved_jobs`` looks at this many due jobs per queue, the first in claim order.
+UNSERVED_SAMPLE = 1_000
+
+
+def queue_stats(conn: Conn, *, cap: int = COUNT_CAP,
+                sample: int = UNSERVED_SAMPLE) -> list[QueueStats]:
+    """Every queue anything names (declared ones even when empty), by name. A count above
+    ``cap`` is the planner's estimate, and its state is listed in ``approximate``. The job
+    types in ``unserved_jobs`` are those among the first ``sample`` due jobs of the queue,
+    in claim order, that no live supervisor of the queue handles: a job nobody claims stays
+    at the head of that order while the others are claimed."""
+    return all_rows(conn, QueueStats, Q.queue_stats, {"cap": cap, "sample": sample})
+
+
+def list_workers(conn: Conn) -> list[WorkerRow]:
+    """Live supervisors, oldest first."""
+    return all_rows(conn, WorkerRow, Q.worker_list)
+
+
+def queue_known(conn: Conn, queue: str) -> bool:
+    """Whether a declaration, a job, a pause or a live supervisor names ``queue`` (else it is
+    probably a typo)."""
+    hit = one_row(conn, _Known, Q.queue_known, {"queue": queue})
+    return hit is not None and hit.known
+
+
+def queue_served(conn: Conn, queue: str) -> bool:
+    """Whether a declaration names ``queue`` or some supervisor has served it."""
+    hit = one_row(conn, _Known, Q.queue_served, {"queue": queue})
+    return hit is not None and hit.known
