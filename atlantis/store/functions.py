@@ -23,7 +23,7 @@ FILE = "functions.sql"
 
 #: Where each definition starts: the file holds one statement of this form per function,
 #: each followed by nothing but its comments and REVOKE lines.
-_HEADER = re.compile(r"^CREATE OR REPLACE FUNCTION (atlantis\.\w+)\(", re.MULTILINE)
+_HEADER = re.compile(r"^CREATE OR REPLACE FUNCTION (atlantis\.\w+)\(", re.MULTILINE | re.IGNORECASE)
 
 _SIGNATURES: LiteralString = (
     "SELECT p.oid, p.oid::regprocedure::text, pg_catalog.pg_get_function_result(p.oid)"
@@ -66,8 +66,9 @@ def apply(conn: psycopg.Connection[Any], sql: LiteralString | None = None) -> No
             conn.execute(statements)
         except psycopg.errors.InvalidFunctionDefinition as exc:
             raise SignatureError(f"{FILE}: {name}: {_first_line(exc)}: {_NEEDS_MIGRATION}") from exc
-        except psycopg.Error as exc:
-            raise AtlantisError(f"{FILE}: {name}: {_first_line(exc)}") from exc
+        except psycopg.Error as exc:  # its own type kept: a lost connection is retried
+            exc.add_note(f"while applying {FILE}: {name}")
+            raise
     after = _signatures(conn)
     made = sorted(sig for oid, (sig, _) in after.items() if oid not in before)
     if made:
