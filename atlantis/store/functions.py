@@ -75,7 +75,7 @@ def apply(conn: psycopg.Connection[Any], sql: LiteralString | None = None) -> No
         raise SignatureError(f"{FILE}: {', '.join(made)} made by no migration: {_NEEDS_MIGRATION}")
     changed = sorted(sig for oid, (sig, result) in after.items()
                      if oid in before and before[oid] != (sig, result))
-    if changed:  # PostgreSQL refuses these itself; kept in case a version lets one through
+    if changed:  # PostgreSQL refuses a new result type above; the rule does not rest on it
         raise SignatureError(f"{FILE}: {', '.join(changed)} changed: {_NEEDS_MIGRATION}")
 
 

@@ -118,7 +118,10 @@ $$;
 
 -- Why one value (a field, or an element of an array field) of type `ftype` is past the
 -- limits, or NULL. `scan` false says the whole args are too short to hold a number longer
--- than the limit: then only a jsonb container is looked at (for its depth).
+-- than the limit: then only a jsonb container is looked at (for its depth). The limits are
+-- atlantis/limits.py's MAX_DEPTH (64) and MAX_NUMBER_CHARS (4000; check_args and
+-- fast_checked_args skip the scan of args too short to hold such a number):
+-- tests/test_limits.py checks that the database and Python agree.
 CREATE OR REPLACE FUNCTION atlantis.limit_mismatch(ftype text, v jsonb, scan boolean) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE

@@ -2,9 +2,9 @@
 
 After the migrations, :func:`migrate` applies the functions file (``functions.sql``, the
 live definition of every SQL function: :mod:`atlantis.store.functions`), then takes the
-*role step*: it creates the NOLOGIN
-roles of :data:`ROLES` when the migrating role may (superuser or CREATEROLE; otherwise it
-skips that silently), and grants whichever of them exist their rights in this database.
+*role step*: it creates the NOLOGIN roles of :data:`ROLES` when the migrating role may
+(superuser or CREATEROLE; otherwise it skips that silently), and grants whichever of them
+exist their rights in this database.
 Roles are cluster-wide, so creating them tolerates another database's migration creating
 them at the same moment; grants are per database (and copied with a template).
 ``tide db roles --sql`` prints the same statements (:func:`roles_sql`).
