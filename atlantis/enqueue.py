@@ -21,6 +21,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
+from atlantis import limits
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store import caller
@@ -34,7 +35,7 @@ INVALID_ARGS = "ATL02"
 # levels (migration 0003). Python only refuses, with the same message, what never gets that
 # far: numbers PostgreSQL cannot even read (more than 16383 digits after the point), and
 # nesting orjson cannot write (255 levels).
-MAX_NUMBER_CHARS = 4000
+MAX_NUMBER_CHARS = limits.MAX_NUMBER_CHARS
 _UNREADABLE_NUMBER_CHARS = 16_000
 
 _INT64_MIN = -(2**63)

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import lark
 
+from atlantis import limits
 from atlantis.declarations.cron import cron_problem, zone_problem
 from atlantis.declarations.formats import (
     NO_OFFSET_REASON,
@@ -60,8 +61,8 @@ TYPES = (
 
 #: What the database accepts in args (migration 0003), so what a default may hold: jsonb
 #: nested at most this deep, and numbers written in at most this many characters.
-MAX_DEPTH = 64
-MAX_NUMBER_CHARS = 4000
+MAX_DEPTH = limits.MAX_DEPTH
+MAX_NUMBER_CHARS = limits.MAX_NUMBER_CHARS
 _READABLE_DEPTH = 200
 
 _STRING_TYPES = frozenset({"text", "varchar", "uuid", "timestamptz", "date"})

@@ -1,8 +1,10 @@
 """Versioned schema migrations, safe when several processes migrate at once.
 
-After the migrations, :func:`migrate` also takes the *role step*: it creates the NOLOGIN
-roles of :data:`ROLES` when the migrating role may (superuser or CREATEROLE; otherwise it
-skips that silently), and grants whichever of them exist their rights in this database.
+After the migrations, :func:`migrate` applies the functions file (``functions.sql``, the
+live definition of every SQL function: :mod:`atlantis.store.functions`), then takes the
+*role step*: it creates the NOLOGIN roles of :data:`ROLES` when the migrating role may
+(superuser or CREATEROLE; otherwise it skips that silently), and grants whichever of them
+exist their rights in this database.
 Roles are cluster-wide, so creating them tolerates another database's migration creating
 them at the same moment; grants are per database (and copied with a template).
 ``tide db roles --sql`` prints the same statements (:func:`roles_sql`).
@@ -17,6 +19,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from atlantis.declarations.model import JobDecl
+from atlantis.store import functions
 from atlantis.store.doctor import require_server_version
 from atlantis.store.queries import Q
 
@@ -37,9 +40,11 @@ def migrations() -> list[tuple[int, str, LiteralString]]:
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[int]:
-    """Apply the migrations this database lacks, then the role step; returns the versions
-    applied."""
+    """Apply the migrations this database lacks, then the functions file, then the role
+    step; returns the versions applied. On a schema ahead of this package (a newer release
+    migrated it) the functions file is left alone: the newer release's definitions stand."""
     applied: list[int] = []
+    shipped = migrations()
     require_server_version(conn)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
@@ -50,7 +55,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = {row[0] for row in conn.execute("SELECT version FROM atlantis.schema_migrations")}
-        for version, name, sql in migrations():
+        for version, name, sql in shipped:
             if version in done:
                 continue
             conn.execute(sql)
@@ -59,6 +64,8 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
                 (version, name),
             )
             applied.append(version)
+        if max(done, default=0) <= shipped[-1][0]:
+            functions.apply(conn)
         _role_step(conn, regrant=bool(applied))
     return applied
 

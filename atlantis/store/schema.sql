@@ -1,0 +1,728 @@
+-- The atlantis schema as the migrations (0001 to 0016) and functions.sql
+-- leave it; a function's body is in functions.sql. GENERATED, do not edit:
+-- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
+-- fails when it and the migrations drift. pg_dump --schema-only --no-owner
+-- --no-privileges on PostgreSQL 16, without its settings and version lines;
+-- the roles' rights are granted by atlantis.store.migrate.
+
+--
+-- Name: atlantis; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA atlantis;
+
+--
+-- Name: cancel(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: cancel_message(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.cancel_message(by text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: canonical_double(numeric); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.canonical_double(n numeric) RETURNS jsonb
+    LANGUAGE plpgsql IMMUTABLE
+    SET extra_float_digits TO '1'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: canonical_value(text, boolean, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.canonical_value(ftype text, is_array boolean, v jsonb) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: job_types; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.job_types (
+    job text NOT NULL,
+    queue text NOT NULL,
+    max_attempts integer NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    timeout interval NOT NULL,
+    heartbeat interval NOT NULL,
+    backoff interval NOT NULL,
+    unique_fields text[] DEFAULT '{}'::text[] NOT NULL,
+    fields jsonb NOT NULL,
+    source text,
+    synced_at timestamp with time zone DEFAULT now() NOT NULL,
+    stall interval,
+    schedule text,
+    tz text,
+    CONSTRAINT job_types_backoff_check CHECK ((backoff >= '00:00:00'::interval)),
+    CONSTRAINT job_types_fields_check CHECK ((jsonb_typeof(fields) = 'array'::text)),
+    CONSTRAINT job_types_heartbeat_check CHECK ((heartbeat > '00:00:00'::interval)),
+    CONSTRAINT job_types_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT job_types_stall_check CHECK ((stall > '00:00:00'::interval)),
+    CONSTRAINT job_types_timeout_check CHECK ((timeout > '00:00:00'::interval))
+);
+
+--
+-- Name: check_args(atlantis.job_types, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: clamp_pct(double precision); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.clamp_pct(p double precision) RETURNS smallint
+    LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: delete_finished(bigint[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.delete_finished(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.enqueue(job_name text, args jsonb DEFAULT '{}'::jsonb, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: enqueue_many(text, jsonb[], timestamp with time zone, integer, text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.enqueue_many(job_name text, args_list jsonb[], run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval) RETURNS bigint[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: errors_append(jsonb, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.errors_append(history jsonb, entry jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: fast_checked_args(atlantis.job_types, jsonb[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.fast_checked_args(decl atlantis.job_types, args_list jsonb[]) RETURNS jsonb[]
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: job_type(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.job_type(job_name text) RETURNS atlantis.job_types
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: jsonb_depth(jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
+    LANGUAGE plpgsql IMMUTABLE STRICT
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_mismatch(text, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_mismatch(ftype text, v jsonb, scan boolean) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: next_run(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.next_run() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: notify_inserted(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.notify_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: oldest_due(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.oldest_due(q text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: pause(text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.pause(queue text, reason text DEFAULT NULL::text, by text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: prune(interval, text[], integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.prune(older_than interval, states text[] DEFAULT ARRAY['complete'::text, 'cancelled'::text, 'dead'::text], batch integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: prune_schedule_runs(interval, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.prune_schedule_runs(older_than interval, batch integer DEFAULT 1000) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: queue_counts(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(queue text, state text, n bigint, exact boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: resume(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.resume(queue text, by text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: retry(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.retry(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: retry_delay(interval, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.retry_delay(base interval, attempt integer) RETURNS interval
+    LANGUAGE sql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: schedule_catch_up(text, timestamp with time zone, timestamp with time zone, timestamp with time zone, bigint, timestamp with time zone[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_catch_up(job_name text, after timestamp with time zone, missed_from timestamp with time zone, missed_to timestamp with time zone, missed bigint, due timestamp with time zone[], OUT outcome text, OUT last_slot timestamp with time zone, OUT job_ids bigint[]) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: schedule_fire(text, timestamp with time zone, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time zone, grace interval, OUT outcome text, OUT job_id bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: stall_after(text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.stall_after(job_name text, heartbeat interval) RETURNS interval
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: jobs; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.jobs (
+    id bigint NOT NULL,
+    job text NOT NULL,
+    queue text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state text DEFAULT 'available'::text NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    timeout interval NOT NULL,
+    heartbeat interval NOT NULL,
+    backoff interval NOT NULL,
+    unique_key text,
+    claimed_by text,
+    claimed_until timestamp with time zone,
+    progress_pct smallint,
+    progress_msg text,
+    progress_at timestamp with time zone,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    cancel_requested_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    error_count integer DEFAULT 0 NOT NULL,
+    progress_history jsonb DEFAULT '[]'::jsonb NOT NULL,
+    retried_by text,
+    retried_at timestamp with time zone,
+    cancelled_by text,
+    run integer DEFAULT 1 NOT NULL,
+    CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
+    CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
+    CONSTRAINT jobs_errors_bounded_check CHECK ((jsonb_array_length(errors) <= 20)),
+    CONSTRAINT jobs_errors_check CHECK ((jsonb_typeof(errors) = 'array'::text)),
+    CONSTRAINT jobs_finished_check CHECK (((state = ANY (ARRAY['complete'::text, 'dead'::text, 'cancelled'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_progress_history_check CHECK ((jsonb_typeof(progress_history) = 'array'::text)),
+    CONSTRAINT jobs_progress_msg_check CHECK ((char_length(progress_msg) <= 256)),
+    CONSTRAINT jobs_progress_pct_check CHECK (((progress_pct >= 0) AND (progress_pct <= 100))),
+    CONSTRAINT jobs_run_check CHECK ((run >= 1)),
+    CONSTRAINT jobs_running_lease_check CHECK (((state <> 'running'::text) OR ((claimed_by IS NOT NULL) AND (claimed_until IS NOT NULL) AND (started_at IS NOT NULL)))),
+    CONSTRAINT jobs_started_attempt_check CHECK (((state <> ALL (ARRAY['running'::text, 'complete'::text])) OR (attempt >= 1))),
+    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['available'::text, 'running'::text, 'complete'::text, 'dead'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (heartbeat > '00:00:00'::interval)))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+
+--
+-- Name: stalled(atlantis.jobs); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: type_mismatch(text, integer, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.type_mismatch(ftype text, flen integer, v jsonb) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: unique_key(atlantis.job_types, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.unique_key(decl atlantis.job_types, args jsonb) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: attempts; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.attempts (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    worker text,
+    host text,
+    pid integer,
+    child_pid integer,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    error_kind text,
+    log_lines integer DEFAULT 0 NOT NULL,
+    log_dropped integer DEFAULT 0 NOT NULL,
+    run integer DEFAULT 1 NOT NULL
+);
+
+--
+-- Name: attempts_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+CREATE SEQUENCE atlantis.attempts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: attempts_id_seq; Type: SEQUENCE OWNED BY; Schema: atlantis; Owner: -
+--
+
+ALTER SEQUENCE atlantis.attempts_id_seq OWNED BY atlantis.attempts.id;
+
+--
+-- Name: console_audit; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.console_audit (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    client text,
+    label text,
+    outcome text NOT NULL
+);
+
+--
+-- Name: console_audit_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+CREATE SEQUENCE atlantis.console_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: console_audit_id_seq; Type: SEQUENCE OWNED BY; Schema: atlantis; Owner: -
+--
+
+ALTER SEQUENCE atlantis.console_audit_id_seq OWNED BY atlantis.console_audit.id;
+
+--
+-- Name: job_rows; Type: VIEW; Schema: atlantis; Owner: -
+--
+
+CREATE VIEW atlantis.job_rows AS
+ SELECT id,
+    job,
+    queue,
+    args,
+    state,
+    attempt,
+    max_attempts,
+    priority,
+    run_at,
+    (EXTRACT(epoch FROM timeout))::double precision AS timeout,
+    (EXTRACT(epoch FROM heartbeat))::double precision AS heartbeat,
+    claimed_by,
+    claimed_until,
+    progress_pct,
+    progress_msg,
+    progress_at,
+    last_error,
+    errors,
+    error_count,
+    created_at,
+    started_at,
+    finished_at,
+    (EXTRACT(epoch FROM backoff))::double precision AS backoff,
+    unique_key,
+    cancel_requested_at,
+    cancelled_by,
+    retried_by,
+    retried_at,
+    progress_history,
+    (EXTRACT(epoch FROM atlantis.stall_after(job, heartbeat)))::double precision AS stall_after,
+    atlantis.stalled(j.*) AS stalled,
+    now() AS db_now,
+    run
+   FROM atlantis.jobs j;
+
+--
+-- Name: jobs_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+CREATE SEQUENCE atlantis.jobs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: jobs_id_seq; Type: SEQUENCE OWNED BY; Schema: atlantis; Owner: -
+--
+
+ALTER SEQUENCE atlantis.jobs_id_seq OWNED BY atlantis.jobs.id;
+
+--
+-- Name: logs; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.logs (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    stream text NOT NULL,
+    line text NOT NULL,
+    run integer DEFAULT 1 NOT NULL,
+    CONSTRAINT logs_stream_check CHECK ((stream = ANY (ARRAY['stdout'::text, 'stderr'::text])))
+);
+
+--
+-- Name: logs_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+CREATE SEQUENCE atlantis.logs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: logs_id_seq; Type: SEQUENCE OWNED BY; Schema: atlantis; Owner: -
+--
+
+ALTER SEQUENCE atlantis.logs_id_seq OWNED BY atlantis.logs.id;
+
+--
+-- Name: queues; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.queues (
+    name text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    reason text,
+    changed_by text,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: schedule_runs; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.schedule_runs (
+    job text NOT NULL,
+    slot timestamp with time zone NOT NULL,
+    job_id bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    missed bigint DEFAULT 0 NOT NULL,
+    missed_from timestamp with time zone
+);
+
+--
+-- Name: schema_migrations; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: settings; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.settings (
+    name text NOT NULL,
+    value text,
+    CONSTRAINT settings_max_args_bytes_check CHECK (((name <> 'max_args_bytes'::text) OR (value IS NULL) OR (value ~ '^[0-9]{1,9}$'::text)))
+);
+
+--
+-- Name: workers; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.workers (
+    id text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    queues text[] NOT NULL,
+    concurrency integer NOT NULL,
+    in_flight integer DEFAULT 0 NOT NULL,
+    status text DEFAULT 'running'::text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    jobs jsonb DEFAULT '[]'::jsonb NOT NULL,
+    job_types text[]
+);
+
+--
+-- Name: attempts id; Type: DEFAULT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.attempts ALTER COLUMN id SET DEFAULT nextval('atlantis.attempts_id_seq'::regclass);
+
+--
+-- Name: console_audit id; Type: DEFAULT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.console_audit ALTER COLUMN id SET DEFAULT nextval('atlantis.console_audit_id_seq'::regclass);
+
+--
+-- Name: jobs id; Type: DEFAULT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.jobs ALTER COLUMN id SET DEFAULT nextval('atlantis.jobs_id_seq'::regclass);
+
+--
+-- Name: logs id; Type: DEFAULT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.logs ALTER COLUMN id SET DEFAULT nextval('atlantis.logs_id_seq'::regclass);
+
+--
+-- Name: attempts attempts_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.attempts
+    ADD CONSTRAINT attempts_pkey PRIMARY KEY (id);
+
+--
+-- Name: console_audit console_audit_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.console_audit
+    ADD CONSTRAINT console_audit_pkey PRIMARY KEY (id);
+
+--
+-- Name: job_types job_types_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_types
+    ADD CONSTRAINT job_types_pkey PRIMARY KEY (job);
+
+--
+-- Name: jobs jobs_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: logs logs_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.logs
+    ADD CONSTRAINT logs_pkey PRIMARY KEY (id);
+
+--
+-- Name: queues queues_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+--
+-- Name: schedule_runs schedule_runs_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.schedule_runs
+    ADD CONSTRAINT schedule_runs_pkey PRIMARY KEY (job, slot);
+
+--
+-- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+--
+-- Name: settings settings_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.settings
+    ADD CONSTRAINT settings_pkey PRIMARY KEY (name);
+
+--
+-- Name: workers workers_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+--
+-- Name: attempts_job_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX attempts_job_idx ON atlantis.attempts USING btree (job_id, id);
+
+--
+-- Name: console_audit_at_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX console_audit_at_idx ON atlantis.console_audit USING btree (at DESC);
+
+--
+-- Name: jobs_fetch_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_fetch_idx ON atlantis.jobs USING btree (queue, priority, run_at, id) WHERE (state = 'available'::text);
+
+--
+-- Name: jobs_finished_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_finished_idx ON atlantis.jobs USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+
+--
+-- Name: jobs_lease_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_lease_idx ON atlantis.jobs USING btree (claimed_until) WHERE (state = 'running'::text);
+
+--
+-- Name: jobs_state_queue_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_state_queue_idx ON atlantis.jobs USING btree (state, queue);
+
+--
+-- Name: jobs_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE UNIQUE INDEX jobs_unique_idx ON atlantis.jobs USING btree (job, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['available'::text, 'running'::text])));
+
+--
+-- Name: logs_job_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX logs_job_idx ON atlantis.logs USING btree (job_id, attempt, id);
+
+--
+-- Name: jobs_state_queue_stats; Type: STATISTICS; Schema: atlantis; Owner: -
+--
+
+CREATE STATISTICS atlantis.jobs_state_queue_stats (mcv) ON queue, state FROM atlantis.jobs;
+
+--
+-- Name: jobs jobs_next_run; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_next_run BEFORE UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((old.state = ANY (ARRAY['dead'::text, 'cancelled'::text])) AND (new.state = 'available'::text))) EXECUTE FUNCTION atlantis.next_run();
+
+--
+-- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON atlantis.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION atlantis.notify_inserted();
