@@ -26,7 +26,7 @@ from atlantis.store.queries import Q
 from atlantis.store.supervision import ClaimedRow, Result, finish_params
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.completer import Completer
-from atlantis.supervisor.db import DatabaseUnavailable, Db, StatementRejected, classify
+from atlantis.supervisor.db import DatabaseUnavailable, Db, StatementRejected, Timing, classify
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Service
 from atlantis.supervisor.settings import Settings
@@ -245,7 +245,7 @@ def test_a_read_only_database_is_an_outage_not_a_crash(db_url: str, admin_url: s
         admin.execute(f"ALTER DATABASE {dbname} SET default_transaction_read_only = on")
 
     async def go() -> None:
-        conn = Db(db_url, "test")
+        conn = Db(db_url, "test", Timing.of(Settings(queues=("q",))))
         with pytest.raises(DatabaseUnavailable):
             await conn.fetch(Q.worker_delete, {"id": "x"}, timeout=5)
         await conn.close()

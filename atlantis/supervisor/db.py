@@ -31,6 +31,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
@@ -38,21 +39,30 @@ from psycopg.rows import class_row, dict_row
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from atlantis.store.database import describe_db_error
+from atlantis.supervisor.settings import Settings
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
-CONNECT_TIMEOUT = 5.0
-"""The longest a single connection attempt may take (a half-open link never answers)."""
-RETRY_FIRST = 0.05
-RETRY_MAX = 1.0
-"""Reconnection backoff: the first retry comes fast (a restart takes a fraction of a
-second, and leases are renewed every heartbeat/3), the slowest once a second per
-connection, so a supervisor notices a returning server within about a second."""
-_BACKOFF = wait_random_exponential(multiplier=RETRY_FIRST, max=RETRY_MAX)
-_RETRYING = Retrying(wait=_BACKOFF)
-STILL_DOWN_EVERY = 30.0
-"""While the database stays unreachable, say so again this often."""
+@dataclass(frozen=True)
+class Timing:
+    """How a connection waits and retries (``--connect-timeout``, ``--reconnect-first``,
+    ``--reconnect-max``, ``--outage-report-every``: see :class:`Settings`)."""
+
+    connect_timeout: float
+    """The longest a single connection attempt may take (a half-open link never answers)."""
+    reconnect_first: float
+    reconnect_max: float
+    """Reconnection backoff: the first retry comes fast (a restart takes a fraction of a
+    second, and leases are renewed every heartbeat/3), the slowest once a second per
+    connection, so a supervisor notices a returning server within about a second."""
+    outage_report_every: float
+    """While the database stays unreachable, say so again this often."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> Timing:
+        return cls(settings.connect_timeout, settings.reconnect_first, settings.reconnect_max,
+                   settings.outage_report_every)
 
 
 T = TypeVar("T")
@@ -110,8 +120,10 @@ class Health:
     the supervisor update its systemd STATUS at once.
     """
 
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, report_every: float, on_change: Callable[[], None] | None = None
+                 ) -> None:
         self.on_change = on_change
+        self.report_every = report_every
         self.down_since: float | None = None
         self.error = ""
         self._said_at = 0.0
@@ -125,7 +137,7 @@ class Health:
                       "attempts whose leases are still valid keep running", role, error)
             if self.on_change is not None:
                 self.on_change()
-        elif now - self._said_at >= STILL_DOWN_EVERY:
+        elif now - self._said_at >= self.report_every:
             self._said_at = now
             log.error("database still unreachable after %s: %s",
                       format_duration(round(now - self.down_since)), error)
@@ -144,10 +156,13 @@ class Health:
 class Db:
     """One role's connection; see the module docstring for the waiting rules."""
 
-    def __init__(self, url: str, role: str, health: Health | None = None) -> None:
+    def __init__(self, url: str, role: str, timing: Timing, health: Health | None = None) -> None:
         self.url = url
         self.role = role
-        self.health = health if health is not None else Health()
+        self.timing = timing
+        self._wait = wait_random_exponential(multiplier=timing.reconnect_first,
+                                             max=timing.reconnect_max)
+        self.health = health if health is not None else Health(timing.outage_report_every)
         self.connects = 0
         """How many connections this role has opened: a change means a new session."""
         self.sent_at = 0.0
@@ -244,7 +259,7 @@ class Db:
                 raise DatabaseUnavailable(self._last_error)
             if self._retry_at > now:
                 await asyncio.sleep(self._retry_at - now)
-            budget = min(CONNECT_TIMEOUT, deadline - loop.time())
+            budget = min(self.timing.connect_timeout, deadline - loop.time())
             try:
                 async with asyncio.timeout(budget):
                     conn = await psycopg.AsyncConnection.connect(
@@ -272,9 +287,9 @@ class Db:
 
     def _backoff(self) -> float:
         """tenacity's exponential backoff with full jitter, for the failures so far."""
-        state = RetryCallState(_RETRYING, None, (), {})
+        state = RetryCallState(Retrying(wait=self._wait), None, (), {})
         state.attempt_number = self._failures
-        return float(_BACKOFF(state))
+        return float(self._wait(state))
 
     async def _run(self, conn: psycopg.AsyncConnection[Any], query: LiteralString,
                    params: dict[str, Any] | None, deadline: float, *, dicts: type[Any] | bool,

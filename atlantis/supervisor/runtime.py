@@ -13,7 +13,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 
-from atlantis.supervisor.db import Db, Health
+from atlantis.supervisor.db import Db, Health, Timing
 from atlantis.supervisor.ledger import Ledger
 from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.policy import Limits
@@ -32,7 +32,6 @@ class Runtime:
     worker_id: str = field(default_factory=new_worker_id)
     metrics: Metrics = field(default_factory=Metrics)
     notifier: Notifier = field(default_factory=Notifier)
-    health: Health = field(default_factory=Health)
     draining: bool = False
     """The phase: set once, when the drain begins (no more claims)."""
     stop_signals: int = 0
@@ -51,6 +50,8 @@ class Runtime:
                              max_memory=self.settings.max_memory_per_child,
                              max_tasks=self.settings.max_tasks_per_child)
         self._dbs: list[Db] = []
+        self._timing = Timing.of(self.settings)
+        self.health = Health(self._timing.outage_report_every)
         self.ledger = Ledger(self.settings, self.metrics, self.now)
         self.ledger.on_change = self.changed.set
 
@@ -61,7 +62,7 @@ class Runtime:
         for conn in self._dbs:
             if conn.role == role:
                 return conn
-        conn = Db(self.settings.database_url, role, self.health)
+        conn = Db(self.settings.database_url, role, self._timing, self.health)
         self._dbs.append(conn)
         return conn
 

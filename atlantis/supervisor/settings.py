@@ -162,6 +162,15 @@ class Settings:
                                  "be stored.", default=60.0, hidden=True)
     fork_timeout: float = _opt("duration", "--isolation fresh: a fork the zygote has not reported "
                                "within this is given up.", default=10.0, hidden=True)
+    connect_timeout: float = _opt("duration", "The longest one connection attempt to the database "
+                                  "may take (a half-open link never answers).", default=5.0,
+                                  hidden=True)
+    reconnect_first: float = _opt("duration", "The first wait before reconnecting (backoff with "
+                                  "jitter from there).", default=0.05, hidden=True)
+    reconnect_max: float = _opt("duration", "The longest wait between two reconnection attempts "
+                                "of one connection.", default=1.0, hidden=True)
+    outage_report_every: float = _opt("duration", "While the database stays unreachable, the log "
+                                      "says so again this often.", default=30.0, hidden=True)
     lost_kept_for: float = _opt("duration", "A lost attempt's row is never given back as an "
                                 "orphan for this long after the loss (unless rescued or claimed "
                                 "again sooner).", default=3600.0, hidden=True)
@@ -180,7 +189,8 @@ class Settings:
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
                      "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
                      "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold",
-                     "claim_ahead_window", "fork_timeout", "reload_timeout"):
+                     "claim_ahead_window", "fork_timeout", "reload_timeout", "connect_timeout",
+                     "reconnect_first", "reconnect_max"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self
