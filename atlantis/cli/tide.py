@@ -37,13 +37,13 @@ from atlantis.cli.escape import safe
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
-from atlantis.cli.usage import OneLineGroup
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
 from atlantis.store import admin, migrate, sync
 from atlantis.store.database import (
     ENV_URL,
 )
+from atlantis.usage import OneLineGroup
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
