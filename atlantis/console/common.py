@@ -8,6 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from atlantis import environ
 from atlantis.console.auth import CSRF_HEADER, Principal, csrf_ok, identify
 from atlantis.console.data import Database, dumps
 from atlantis.console.events import Broker
@@ -186,7 +187,7 @@ def require_read(request: Request) -> Principal:
 def require_write(request: Request, csrf: str | None = None) -> Principal:
     settings = settings_of(request)
     if settings.token is None:
-        raise ApiError(403, "read-only console: ATLANTIS_CONSOLE_TOKEN is not set")
+        raise ApiError(403, f"read-only console: {environ.CONSOLE_TOKEN} is not set")
     who = identify(request, settings)
     if who.bad_credentials:
         raise ApiError(401, "wrong token")

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from atlantis import environ
 from atlantis.console import api
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
@@ -293,7 +294,7 @@ async def login(request: Request) -> Response:
     target = _back("/", form)
     if settings.token is None:
         return render(request, "login.html", 403, next=target, failed=True,
-                      message="This console has no token (ATLANTIS_CONSOLE_TOKEN): it is "
+                      message=f"This console has no token ({environ.CONSOLE_TOKEN}): it is "
                               "read-only for everyone.")
     if not check_secret(settings.token, form.get("token", "")):
         return render(request, "login.html", 403, next=target, failed=True,
