@@ -14,7 +14,7 @@ import orjson
 import psycopg
 
 import atlantis
-from atlantis.cli import render
+from atlantis.cli import render, tables
 from atlantis.cli.common import (
     ATTEMPT,
     FOLLOW_GRACE,
@@ -99,7 +99,7 @@ def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: 
     if as_json:
         print_json([r.document() for r in rows])
     else:
-        render.job_table(rows)
+        tables.job_table(rows)
 
 
 def _no_constant(name: str) -> object:

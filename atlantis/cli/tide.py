@@ -21,7 +21,7 @@ import click
 import atlantis
 from atlantis import environ
 from atlantis.app import load_app
-from atlantis.cli import render
+from atlantis.cli import tables
 from atlantis.cli.common import (
     LIMIT,
     check_queue,
@@ -81,7 +81,7 @@ def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -
     if as_json:
         print_json([r.document() for r in rows])
     else:
-        render.dlq_table(rows)
+        tables.dlq_table(rows)
 
 
 @main.group()
@@ -98,7 +98,7 @@ def queue_stats(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json([admin.as_dict(r) for r in rows])
     else:
-        render.queue_table(rows)
+        tables.queue_table(rows)
 
 
 @queue.command("pause")
@@ -140,7 +140,7 @@ def worker_list(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json([r.document() for r in rows])
     else:
-        render.worker_table(rows)
+        tables.worker_table(rows)
 
 
 # ---- db, gen ----------------------------------------------------------------------------
