@@ -14,7 +14,11 @@ the public API; the child; then the supervisor, tide and the console side by sid
 Nothing imports a layer above its own, no modules form a cycle, and no packages do
 (``atlantis.store``, ``atlantis.cli``, ... and each module directly under ``atlantis/``,
 each counted as one node). Every module of ``atlantis/`` must have a layer: a new package
-or top-level module is placed here when it is added.
+or top-level module is placed here when it is added. The top layer's packages do not
+import each other (tide adding the console's command aside), and no package imports
+another's program entry module. benchmarks/ sits above it all.
+
+Last, environment variable names: written as strings in ``atlantis/environ.py`` alone.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ ROOTS = ("atlantis", "benchmarks")
 #: Lowest first; each entry is one layer, and names the packages and modules directly under
 #: ``atlantis`` that it holds. ``atlantis`` itself (``atlantis/__init__.py``) is the public API.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "usage"),
+    ("errors", "usage"),  # usage: one-line usage errors, for tide and atlantis-supervise
     ("units",),
     ("limits",),
     ("environ",),

@@ -106,9 +106,9 @@ def _keys(value: Any) -> list[str]:
     return []
 
 
-def _int(raw: str | None, name: str, *, default: int | None = None,
-         low: int | None = None, high: int | None = None,
-         maximum: int = BIGINT_MAX) -> int | None:
+def int_param(raw: str | None, name: str, *, default: int | None = None,
+              low: int | None = None, high: int | None = None,
+              maximum: int = BIGINT_MAX) -> int | None:
     """An integer parameter: ``high`` caps it (a limit), ``low`` and ``maximum`` (the
     database column's range) refuse it."""
     if raw is None or raw == "":
@@ -161,7 +161,7 @@ def job_filter(params: Any, hidden: frozenset[str]) -> store.JobFilter:
                            job=text_param(params.get("job"), "job") or None, args=args)
 
 
-def _job_id(request: Request) -> int:
+def path_job_id(request: Request) -> int:
     raw = request.path_params["job_id"]
     try:
         value = int(raw)

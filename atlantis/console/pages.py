@@ -134,8 +134,8 @@ async def jobs(request: Request, who: Principal) -> Response:
     settings = settings_of(request)
     params = request.query_params
     flt = api.job_filter(params, settings.redact)
-    before = api._int(params.get("before"), "before")
-    limit = api._int(params.get("limit"), "limit", default=50, low=1, high=api.PAGE_LIMIT)
+    before = api.int_param(params.get("before"), "before")
+    limit = api.int_param(params.get("limit"), "limit", default=50, low=1, high=api.PAGE_LIMIT)
     assert limit is not None
 
     def read(conn: psycopg.Connection[Any]) -> tuple[store.JobsPage, int | None]:
@@ -158,7 +158,7 @@ async def jobs(request: Request, who: Principal) -> Response:
 
 @page
 async def job(request: Request, who: Principal) -> Response:
-    job_id = api._job_id(request)
+    job_id = api.path_job_id(request)
     settings = settings_of(request)
 
     def read(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -225,7 +225,7 @@ async def job_action(request: Request, who: Principal) -> Response:
     action = request.path_params["action"]
     if action not in ("retry", "cancel", "delete"):
         raise ApiError(404, "no such action")
-    job_id = api._job_id(request)
+    job_id = api.path_job_id(request)
     await api.do_action(request, writer, action, job_id)
     return RedirectResponse(_back("/jobs" if action == "delete" else f"/jobs/{job_id}", form),
                             303)
