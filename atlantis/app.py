@@ -7,17 +7,17 @@ import os
 import sys
 import traceback
 
+from atlantis import environ
 from atlantis.errors import AtlantisError, ConfigurationError
 from atlantis.registry import Registry
-
-ENV_APP = "ATLANTIS_APP"
 
 
 def load_app(spec: str | None) -> Registry:
     """Import the module and return its :class:`Registry`; ConfigurationError says why not."""
-    spec = spec or os.environ.get(ENV_APP)
+    spec = spec or os.environ.get(environ.APP)
     if not spec:
-        raise ConfigurationError("no application: pass --app package.module:registry or set ATLANTIS_APP")
+        raise ConfigurationError(
+            f"no application: pass --app package.module:registry or set {environ.APP}")
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigurationError(f"--app {spec!r}: expected package.module:attribute")

@@ -22,16 +22,10 @@ import psutil
 import psycopg
 
 from atlantis.store.queries import Q
-from benchmarks.compare import (
-    Env,
-    atlantis_system,
-    enqueue_atlantis,
-    header,
-    markdown,
-    start_worker,
-    stop,
-)
 from benchmarks.measure import cpu_seconds
+from benchmarks.runs import Env, enqueue_atlantis, header, start_worker, stop
+from benchmarks.systems import atlantis_system
+from benchmarks.tables import markdown
 
 
 def statement_names() -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@
 Runs, one after the other on the same embedded PostgreSQL server:
 
 1. the side-by-side drains of N no-op jobs (default 20,000) of every system, each followed
-   by its idle pickup-latency run (``benchmarks/compare.py``);
+   by its idle pickup-latency run (``benchmarks/runs.py``);
 2. the backlog sweep: atlantis reuse at concurrency 8 with 10,000, 100,000 and 200,000
    waiting;
 3. the memory run: a 200,000-job drain at concurrency 16, the supervisor's RSS and one
@@ -34,33 +34,33 @@ from typing import Any
 import psutil
 import psycopg
 
-from benchmarks.compare import (
-    PAIR,
+from benchmarks.measure import cpu_seconds, percentile
+from benchmarks.runs import (
     Env,
-    Measure,
-    Result,
-    atlantis_system,
     compare,
-    cpu_total,
     enqueue_atlantis,
-    enqueue_rate,
-    fmt_times,
     header,
-    jobs_rate,
-    markdown,
-    pair_ratios,
     paired,
-    paired_table,
-    quotient,
-    ratios,
     run_drain,
     start_worker,
     stop,
+)
+from benchmarks.systems import PAIR, Result, atlantis_system
+from benchmarks.tables import (
+    Measure,
+    cpu_total,
+    enqueue_rate,
+    fmt_times,
+    jobs_rate,
+    markdown,
+    pair_ratios,
+    paired_table,
+    quotient,
+    ratios,
     table,
 )
-from benchmarks.measure import cpu_seconds, percentile
 
-#: Extra paired drains of atlantis reuse c8 and pgqueuer batch 10 (see compare.paired).
+#: Extra paired drains of atlantis reuse c8 and pgqueuer batch 10 (see runs.paired).
 PAIRED_ROUNDS = 4
 CHILD_MB = 25  # what one reused child costs, about
 HEARTBEAT = 3.0  # bench.Sleep's heartbeat (benchmarks/bench.atl); a renewal every third

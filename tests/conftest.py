@@ -17,9 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from atlantis import environ
 from atlantis.app import load_app
 from atlantis.store import migrate, sync
-from atlantis.store.database import ENV_URL, ensure_server_user
+from atlantis.store.database import ensure_server_user
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -67,7 +68,7 @@ def pg_server(pg_home: Path) -> Iterator[Any]:
             ensure_server_user()
         server = get_server(pg_home / "pgdata", cleanup_mode="stop")
     os.environ["ATLANTIS_HOME"] = str(pg_home)
-    os.environ.pop(ENV_URL, None)
+    os.environ.pop(environ.DATABASE_URL, None)
     yield server
     server.cleanup()
 

@@ -26,9 +26,10 @@ def _imports(tree: ast.AST) -> list[str]:
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append(node.module)
-            if node.module == "atlantis":
+            if node.module == "atlantis":  # from atlantis import environ: atlantis.environ
                 found += [f"atlantis.{alias.name}" for alias in node.names]
+            else:
+                found.append(node.module)
     return found
 
 

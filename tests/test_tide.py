@@ -491,8 +491,6 @@ def test_job_logs_follow_streams_until_the_attempt_ends(db: psycopg.Connection[A
 
 
 def test_prune_prints_the_count(db: psycopg.Connection[Any], db_url: str) -> None:
-    if db.execute("SELECT to_regproc('atlantis.prune') IS NULL").fetchone() == (True,):
-        pytest.skip("atlantis.prune comes with the retention migration (0006), not applied here")
     old = atlantis.enqueue(db, "tests.Echo", {"key": "old"})
     make_dead(db, old)
     db.execute("UPDATE atlantis.jobs SET finished_at = now() - interval '10 days' WHERE id = %s",

@@ -14,11 +14,11 @@ import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from atlantis import environ
 from atlantis.cli.escape import safe
 from atlantis.presentation import json_default
 from atlantis.store import admin, fleet
 from atlantis.store.database import (
-    ENV_URL,
     DatabaseUrlError,
     announce,
     check_url,
@@ -38,9 +38,6 @@ from atlantis.units import format_duration, int_problem, parse_duration
 
 _Row = TypeVar("_Row")
 
-#: How long tide waits for the database (to connect, and for each statement): ``--timeout``.
-ENV_TIMEOUT = "ATLANTIS_TIDE_TIMEOUT"
-
 #: How often ``job logs --follow`` looks for new lines.
 FOLLOW_INTERVAL = 0.5
 #: How long ``job logs --follow`` keeps looking after the attempt ended: supervisors write
@@ -51,16 +48,18 @@ _SCHEMA_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
                   psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
+def fail(message: str, code: int = 1) -> NoReturn:
+    """End the command with one line on stderr (``tide: ...``, escaped) and exit ``code``."""
     click.echo(f"tide: {safe(message)}", err=True)
     sys.exit(code)
 
 
-def _dump(doc: Any) -> None:
+def print_json(doc: Any) -> None:
+    """``--json`` output: ``doc`` as indented JSON on stdout."""
     click.echo(orjson.dumps(doc, default=json_default, option=orjson.OPT_INDENT_2).decode())
 
 
-def _operator() -> str | None:
+def operator_name() -> str | None:
     """Who runs tide (recorded as who cancelled, retried, paused); None: the database role."""
     try:
         return getpass.getuser()
@@ -70,12 +69,12 @@ def _operator() -> str | None:
 
 def _too_slow(seconds: float) -> str:
     return (f"no answer within {format_duration(seconds)}; wait longer with --timeout or "
-            f"{ENV_TIMEOUT}")
+            f"{environ.TIDE_TIMEOUT}")
 
 
 @contextmanager
-def _connect(ctx: click.Context, *, autocommit: bool = True,
-             deadline: bool = True) -> Iterator[psycopg.Connection[Any]]:
+def connection(ctx: click.Context, *, autocommit: bool = True,
+               deadline: bool = True) -> Iterator[psycopg.Connection[Any]]:
     """A connection to the database; any failure to reach it ends the command with one line.
 
     A URL libpq cannot parse exits 2, a database that cannot be reached (or is lost while
@@ -88,16 +87,16 @@ def _connect(ctx: click.Context, *, autocommit: bool = True,
     ``logs --follow``, migrate waiting for its lock, prune) keeps only the connect deadline.
     """
     root = ctx.find_root().obj
-    explicit = root["database_url"] or os.environ.get(ENV_URL)
+    explicit = root["database_url"] or os.environ.get(environ.DATABASE_URL)
     chosen: float | None = root.get("timeout")
     try:
         url = resolve_url(explicit)
     except Exception as exc:
-        _fail(f"cannot start the embedded PostgreSQL: {exc}")
+        fail(f"cannot start the embedded PostgreSQL: {exc}")
     try:
         check_url(url)
     except DatabaseUrlError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     waits: dict[str, Any] = {}
     connect_s = CONNECT_DEADLINE if chosen is None else chosen
     if chosen is not None or "connect_timeout" not in (_conninfo(url) or {}):
@@ -106,9 +105,9 @@ def _connect(ctx: click.Context, *, autocommit: bool = True,
         conn = DeadlineConnection.connect(url, autocommit=autocommit, application_name="tide",
                                           **waits)
     except psycopg.errors.ConnectionTimeout:
-        _fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}")
+        fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}")
     except (psycopg.Error, OSError) as exc:
-        _fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
+        fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
     statement_s = STATEMENT_DEADLINE if chosen is None else chosen
     if deadline and statement_s > 0:
         conn.statement_deadline = statement_s
@@ -118,15 +117,15 @@ def _connect(ctx: click.Context, *, autocommit: bool = True,
             try:
                 yield conn
             except _SCHEMA_ERRORS:
-                _fail(_schema_problem(conn))
+                fail(_schema_problem(conn))
             except psycopg.OperationalError as exc:
                 if conn.deadline_passed is not None:  # cancelled by its deadline
-                    _fail(f"the database gave {_too_slow(conn.deadline_passed)}")
-                _fail(f"lost the database: {describe_db_error(exc, url)}")
+                    fail(f"the database gave {_too_slow(conn.deadline_passed)}")
+                fail(f"lost the database: {describe_db_error(exc, url)}")
             except psycopg.Error as exc:
-                _fail(f"database error: {describe_db_error(exc, url)}")
+                fail(f"database error: {describe_db_error(exc, url)}")
     except StatementDeadline as exc:
-        _fail(f"the database gave {_too_slow(exc.seconds)}")
+        fail(f"the database gave {_too_slow(exc.seconds)}")
 
 
 def _schema_problem(conn: psycopg.Connection[Any]) -> str:
@@ -140,17 +139,18 @@ def _schema_problem(conn: psycopg.Connection[Any]) -> str:
     return problem or "the atlantis schema lacks something this tide needs; run `tide db migrate`"
 
 
-def _get_job(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
+def job_or_fail(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
+    """The job's row; an unknown id ends the command with exit 1."""
     row = admin.get_job(conn, job_id)
     if row is None:
-        _fail(f"no job with id {job_id}")
+        fail(f"no job with id {job_id}")
     return row
 
 
-def _check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
+def check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
     """A queue nothing names (no declaration, job, pause or supervisor) is a typo: say so."""
     if queue is not None and not fleet.queue_known(conn, queue):
-        _fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
+        fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
 
 
 class DatabaseInt(click.ParamType[int]):
@@ -183,7 +183,8 @@ ATTEMPT = DatabaseInt("int", low=1)
 PRIORITY = DatabaseInt("int")
 
 
-def _duration(option: str, text: str) -> float:
+def duration_option(option: str, text: str) -> float:
+    """``text`` as seconds; a bad duration is a usage error naming ``option``."""
     try:
         return parse_duration(text)
     except ValueError as exc:
@@ -191,11 +192,11 @@ def _duration(option: str, text: str) -> float:
 
 
 
-def _rows(ctx: click.Context, read: Callable[[psycopg.Connection[Any]], list[_Row]], *,
-          queue: str | None = None) -> list[_Row]:
+def listing_rows(ctx: click.Context, read: Callable[[psycopg.Connection[Any]], list[_Row]],
+                 *, queue: str | None = None) -> list[_Row]:
     """The rows of one listing; an unknown ``queue`` ends the command with exit 1."""
-    with _connect(ctx) as conn:
-        _check_queue(conn, queue)
+    with connection(ctx) as conn:
+        check_queue(conn, queue)
         return read(conn)
 
 

@@ -32,14 +32,14 @@ from atlantis.units import format_duration
 def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
            missed_within: str) -> None:
     """Check the database: bloat, old transactions, expired leases, unserved queues and jobs."""
-    from atlantis.cli.common import _connect, _dump, _duration
-    ages = (_duration("--xact-age", xact_age), _duration("--lease-grace", lease_grace),
-            _duration("--missed-within", missed_within))
-    with _connect(ctx) as conn:
+    from atlantis.cli.common import connection, duration_option, print_json
+    ages = (duration_option("--xact-age", xact_age), duration_option("--lease-grace", lease_grace),
+            duration_option("--missed-within", missed_within))
+    with connection(ctx) as conn:
         report = checks.diagnose(conn, xact_age=ages[0], lease_grace=ages[1],
                                  missed_within=ages[2])
     if as_json:
-        _dump(report.document())
+        print_json(report.document())
     else:
         width = max(len(c.name) for c in report.checks)
         for check in report.checks:

@@ -15,7 +15,7 @@ import psycopg
 
 import atlantis
 from atlantis import operations
-from atlantis.cli import render
+from atlantis.cli import render, tables
 from atlantis.cli.common import (
     ATTEMPT,
     FOLLOW_GRACE,
@@ -23,13 +23,13 @@ from atlantis.cli.common import (
     JOB_ID,
     LIMIT,
     PRIORITY,
-    _connect,
-    _dump,
-    _duration,
-    _fail,
-    _get_job,
-    _operator,
-    _rows,
+    connection,
+    duration_option,
+    fail,
+    job_or_fail,
+    listing_rows,
+    operator_name,
+    print_json,
 )
 from atlantis.cli.escape import safe
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
@@ -52,13 +52,13 @@ def job() -> None:
 @click.pass_context
 def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """State, attempts, progress with rate and ETA, lease, timings and last error of a job."""
-    with _connect(ctx) as conn:
-        row = _get_job(conn, job_id)
+    with connection(ctx) as conn:
+        row = job_or_fail(conn, job_id)
         attempts = admin.job_attempts(conn, job_id)
     if as_json:
         doc = job_document(row)
         doc["attempts"] = [as_dict(a) for a in attempts]
-        _dump(doc)
+        print_json(doc)
     else:
         click.echo(render.status_text(row, attempts))
 
@@ -69,12 +69,12 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.pass_context
 def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
     """The status of a job, live, until it finishes."""
-    pause = _duration("--interval", interval)
+    pause = duration_option("--interval", interval)
     tty = sys.stdout.isatty()
-    with _connect(ctx, deadline=False) as conn:
+    with connection(ctx, deadline=False) as conn:
         previous = 0
         while True:
-            row = _get_job(conn, job_id)
+            row = job_or_fail(conn, job_id)
             text = render.status_text(row, admin.job_attempts(conn, job_id))
             if tty and previous:
                 click.echo(f"\x1b[{previous}F\x1b[J", nl=False)
@@ -96,12 +96,13 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
 def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: bool,
              limit: int, as_json: bool) -> None:
     """Recent jobs, newest first."""
-    rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state,
-                                                   stalled=stalled, limit=limit), queue=queue)
+    rows = listing_rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state,
+                                                          stalled=stalled, limit=limit),
+                        queue=queue)
     if as_json:
-        _dump([job_document(r) for r in rows])
+        print_json([job_document(r) for r in rows])
     else:
-        render.job_table(rows)
+        tables.job_table(rows)
 
 
 def _no_constant(name: str) -> object:
@@ -125,15 +126,15 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
         # Exact numbers: a 30-digit numeric must not pass through a float on its way.
         args = json.loads(args_json, parse_float=Decimal, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
-        _fail(f"--args is not JSON: {exc}")
+        fail(f"--args is not JSON: {exc}")
     if not isinstance(args, dict):
-        _fail("--args must be a JSON object")
-    seconds = _duration("--delay", delay) if delay else None
-    with _connect(ctx, autocommit=False) as conn:
+        fail("--args must be a JSON object")
+    seconds = duration_option("--delay", delay) if delay else None
+    with connection(ctx, autocommit=False) as conn:
         try:
             job_id = atlantis.enqueue(conn, name, args, delay=seconds, priority=priority, queue=queue)
         except AtlantisError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         unheard = queue is not None and not fleet.queue_served(conn, queue)
         conn.commit()
     if unheard:
@@ -147,14 +148,14 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
 @click.pass_context
 def job_retry(ctx: click.Context, job_id: int) -> None:
     """Put a dead or cancelled job back to available with a fresh attempt budget."""
-    with _connect(ctx) as conn:
+    with connection(ctx) as conn:
         try:
-            retried = operations.retry(conn, job_id, by=_operator()) is not None
+            retried = operations.retry(conn, job_id, by=operator_name()) is not None
         except (JobNotFoundError, UniqueKeyTakenError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
         if not retried:
-            row = _get_job(conn, job_id)
-            _fail(f"job {job_id} is {row.state}; only dead or cancelled jobs can be retried")
+            row = job_or_fail(conn, job_id)
+            fail(f"job {job_id} is {row.state}; only dead or cancelled jobs can be retried")
     click.echo(f"job {job_id} is available again")
 
 
@@ -163,14 +164,14 @@ def job_retry(ctx: click.Context, job_id: int) -> None:
 @click.pass_context
 def job_cancel(ctx: click.Context, job_id: int) -> None:
     """Cancel a waiting job; a running attempt is told, then stopped after the grace."""
-    with _connect(ctx) as conn:
+    with connection(ctx) as conn:
         try:
-            after = operations.cancel(conn, job_id, by=_operator())
+            after = operations.cancel(conn, job_id, by=operator_name())
         except JobNotFoundError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         if after is None:
-            row = _get_job(conn, job_id)
-            _fail(f"job {job_id} is {row.state}; nothing to cancel")
+            row = job_or_fail(conn, job_id)
+            fail(f"job {job_id} is {row.state}; nothing to cancel")
     if after == "running":
         click.echo(f"job {job_id} is running; its supervisor is stopping it")
     else:
@@ -195,12 +196,12 @@ def job_logs(ctx: click.Context, job_id: int, run: int | None, attempt: int | No
     run is shown, by default of the latest run. For a job retried at least once, which run
     and attempt is said on stderr.
     """
-    with _connect(ctx, deadline=not follow) as conn:
-        row = _get_job(conn, job_id)
+    with connection(ctx, deadline=not follow) as conn:
+        row = job_or_fail(conn, job_id)
         if run is None:
             run = row.run
         elif run > row.run:
-            _fail(f"job {job_id} has no run {run} (it has had {row.run})")
+            fail(f"job {job_id} has no run {run} (it has had {row.run})")
         current = run == row.run
         if attempt is None:
             attempt = (row.attempt if current and row.running
@@ -215,7 +216,7 @@ def job_logs(ctx: click.Context, job_id: int, run: int | None, attempt: int | No
                 known = max(known, row.attempt)
             if attempt > known:
                 where = "" if row.run == 1 else f" in run {run}"
-                _fail(f"job {job_id} has no attempt {attempt}{where} (it has had {known})")
+                fail(f"job {job_id} has no attempt {attempt}{where} (it has had {known})")
         which = (f"attempt {attempt} of job {job_id}" if row.run == 1
                  else f"run {run} attempt {attempt} of job {job_id}")
         if row.run > 1 and not as_json:
@@ -279,9 +280,9 @@ def _log_text(job_id: int, line: admin.LogLine, as_json: bool) -> str:
 @click.pass_context
 def job_prune(ctx: click.Context, older_than: str, states: tuple[str, ...]) -> None:
     """Delete finished jobs (with their attempts and logs); prints how many."""
-    seconds = _duration("--older-than", older_than)
+    seconds = duration_option("--older-than", older_than)
     chosen = list(states or admin.FINISHED)
-    with _connect(ctx, deadline=False) as conn:
+    with connection(ctx, deadline=False) as conn:
         deleted = admin.prune(conn, seconds, chosen)
     click.echo(f"tide: pruned {deleted} {'/'.join(chosen)} jobs finished more than "
                f"{format_duration(seconds)} ago", err=True)

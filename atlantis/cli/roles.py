@@ -31,16 +31,16 @@ def roles(ctx: click.Context, as_sql: bool) -> None:
     if as_sql:
         click.echo(roles_sql(), nl=False)
         return
-    from atlantis.cli.common import _connect, _fail
+    from atlantis.cli.common import connection, fail
 
-    with _connect(ctx, autocommit=True) as conn:
+    with connection(ctx, autocommit=True) as conn:
         problem = schema_problem(conn)
         if problem is not None:
-            _fail(problem)
+            fail(problem)
         granted = apply_roles(conn)
     missing = [role for role in ROLES if role not in granted]
     if granted:
         click.echo(f"granted {', '.join(granted)}", err=True)
     if missing:
-        _fail(f"missing roles {', '.join(missing)}: this role may not create roles; "
-              "run `tide db roles --sql` as a superuser")
+        fail(f"missing roles {', '.join(missing)}: this role may not create roles; "
+             "run `tide db roles --sql` as a superuser")

@@ -26,12 +26,12 @@ def schedule() -> None:
 @click.pass_context
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
     """Each scheduled job: its cron, time zone, next run and last run."""
-    from atlantis.cli.common import _connect, _dump
+    from atlantis.cli.common import connection, print_json
 
-    with _connect(ctx) as conn:
+    with connection(ctx) as conn:
         found, now = list_schedules(conn)
     if as_json:
-        _dump([s.document() for s in found])
+        print_json([s.document() for s in found])
         return
     if not found:
         click.echo("no scheduled jobs (declare one with schedule \"CRON\" in a .atl file)",

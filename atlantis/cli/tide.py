@@ -19,48 +19,46 @@ from pathlib import Path
 import click
 
 import atlantis
-from atlantis import operations
+from atlantis import environ, operations
 from atlantis.app import load_app
-from atlantis.cli import render
+from atlantis.cli import tables
 from atlantis.cli.common import (
-    ENV_TIMEOUT,
     LIMIT,
-    _check_queue,
-    _connect,
-    _dump,
-    _duration,
-    _fail,
-    _operator,
-    _rows,
+    check_queue,
+    connection,
+    duration_option,
+    fail,
+    listing_rows,
+    operator_name,
+    print_json,
 )
 from atlantis.cli.doctor import doctor
 from atlantis.cli.escape import safe
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
-from atlantis.cli.usage import OneLineGroup
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
 from atlantis.presentation import job_document, worker_document
 from atlantis.store import admin, fleet, migrate, sync
-from atlantis.store.database import (
-    ENV_URL,
-)
 from atlantis.store.typed_rows import as_dict
+from atlantis.usage import OneLineGroup
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--database-url", default=None, help=f"libpq URL; default ${ENV_URL} or embedded.")
-@click.option("--timeout", default=None, envvar=ENV_TIMEOUT, metavar="DURATION",
+@click.option("--database-url", default=None,
+              help=f"libpq URL; default ${environ.DATABASE_URL} or embedded.")
+@click.option("--timeout", default=None, envvar=environ.TIDE_TIMEOUT, metavar="DURATION",
               help=f"How long to wait for the database, to connect and for each statement "
-                   f"(default 5s to connect, 30s a statement; 0: no limit; ${ENV_TIMEOUT}). "
+                   f"(default 5s to connect, 30s a statement; 0: no limit; "
+                   f"${environ.TIDE_TIMEOUT}). "
                    "job watch, job logs --follow, db migrate, db sync and job prune wait as "
                    "long as their statements take.")
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, timeout: str | None) -> None:
     """Operate atlantis jobs."""
     ctx.obj = {"database_url": database_url,
-               "timeout": None if timeout is None else _duration("--timeout", timeout)}
+               "timeout": None if timeout is None else duration_option("--timeout", timeout)}
 
 
 
@@ -80,12 +78,12 @@ def dlq() -> None:
 @click.pass_context
 def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead jobs, newest first."""
-    rows = _rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state="dead", limit=limit),
-                 queue=queue)
+    rows = listing_rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state="dead",
+                                                          limit=limit), queue=queue)
     if as_json:
-        _dump([job_document(r) for r in rows])
+        print_json([job_document(r) for r in rows])
     else:
-        render.dlq_table(rows)
+        tables.dlq_table(rows)
 
 
 @main.group()
@@ -98,11 +96,11 @@ def queue() -> None:
 @click.pass_context
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
     """Per queue: counts by state, stalled jobs, oldest wait, throughput, pause, supervisors."""
-    rows = _rows(ctx, fleet.queue_stats)
+    rows = listing_rows(ctx, fleet.queue_stats)
     if as_json:
-        _dump([as_dict(r) for r in rows])
+        print_json([as_dict(r) for r in rows])
     else:
-        render.queue_table(rows)
+        tables.queue_table(rows)
 
 
 @queue.command("pause")
@@ -111,9 +109,9 @@ def queue_stats(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def queue_pause(ctx: click.Context, name: str, reason: str | None) -> None:
     """Stop supervisors claiming from a queue; running attempts continue."""
-    with _connect(ctx) as conn:
-        _check_queue(conn, name)
-        changed = operations.pause(conn, name, reason=reason, by=_operator())
+    with connection(ctx) as conn:
+        check_queue(conn, name)
+        changed = operations.pause(conn, name, reason=reason, by=operator_name())
     click.echo(f"queue {safe(name)} paused"
                + ("" if changed else " (it was paused already)"))
 
@@ -123,9 +121,9 @@ def queue_pause(ctx: click.Context, name: str, reason: str | None) -> None:
 @click.pass_context
 def queue_resume(ctx: click.Context, name: str) -> None:
     """Let supervisors claim from a paused queue again."""
-    with _connect(ctx) as conn:
-        _check_queue(conn, name)
-        changed = operations.resume(conn, name, by=_operator())
+    with connection(ctx) as conn:
+        check_queue(conn, name)
+        changed = operations.resume(conn, name, by=operator_name())
     shown = safe(name)
     click.echo(f"queue {shown} resumed" if changed else f"queue {shown} was not paused")
 
@@ -140,11 +138,11 @@ def worker() -> None:
 @click.pass_context
 def worker_list(ctx: click.Context, as_json: bool) -> None:
     """Live supervisors: host, pid, queues, in-flight jobs and their children's memory."""
-    rows = _rows(ctx, fleet.list_workers)
+    rows = listing_rows(ctx, fleet.list_workers)
     if as_json:
-        _dump([worker_document(r) for r in rows])
+        print_json([worker_document(r) for r in rows])
     else:
-        render.worker_table(rows)
+        tables.worker_table(rows)
 
 
 # ---- db, gen ----------------------------------------------------------------------------
@@ -155,13 +153,13 @@ def db() -> None:
 
 
 @db.command("migrate")
-@click.option("--app", envvar="ATLANTIS_APP", default=None,
+@click.option("--app", envvar=environ.APP, default=None,
               help="Also sync this app's declarations (package.module:registry).")
 @click.pass_context
 def db_migrate(ctx: click.Context, app: str | None) -> None:
     """Create or upgrade the atlantis schema."""
     registry = _load(app) if app else None
-    with _connect(ctx, autocommit=False, deadline=False) as conn:
+    with connection(ctx, autocommit=False, deadline=False) as conn:
         applied = migrate(conn)
         if registry is not None:
             sync(conn, list(registry.decls.values()))
@@ -169,12 +167,12 @@ def db_migrate(ctx: click.Context, app: str | None) -> None:
 
 
 @db.command("sync")
-@click.option("--app", envvar="ATLANTIS_APP", required=True)
+@click.option("--app", envvar=environ.APP, required=True)
 @click.pass_context
 def db_sync(ctx: click.Context, app: str) -> None:
     """Store the app's declarations in the database (enqueues validate against them)."""
     registry = _load(app)
-    with _connect(ctx, autocommit=False, deadline=False) as conn:
+    with connection(ctx, autocommit=False, deadline=False) as conn:
         migrate(conn)
         sync(conn, list(registry.decls.values()))
     click.echo(f"synced {len(registry.decls)} declarations", err=True)
@@ -184,7 +182,7 @@ def _load(app: str) -> atlantis.Registry:
     try:
         return load_app(app)
     except AtlantisError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
 
 
 @main.command("gen")
@@ -200,23 +198,23 @@ def gen(source: Path, output: Path, check: bool) -> None:
         decls = parse_atl_file(source)
         text = generate_module(decls, source.name)
     except OSError as exc:
-        _fail(f"cannot read {source}: {exc.strerror or exc}", code=2)
+        fail(f"cannot read {source}: {exc.strerror or exc}", code=2)
     except AtlantisError as exc:
-        _fail(str(exc), code=2)
+        fail(str(exc), code=2)
     if check:
         try:
             current = output.read_text("utf-8") if output.exists() else None
         except UnicodeDecodeError:
             current = None  # not what gen writes: stale
         except OSError as exc:
-            _fail(f"cannot read {output}: {exc.strerror or exc}")
+            fail(f"cannot read {output}: {exc.strerror or exc}")
         if current != text:
-            _fail(f"{output} is stale; run: tide gen {source} -o {output}")
+            fail(f"{output} is stale; run: tide gen {source} -o {output}")
         return
     try:
         output.write_text(text, "utf-8")
     except OSError as exc:
-        _fail(f"cannot write {output}: {exc.strerror or exc}")
+        fail(f"cannot write {output}: {exc.strerror or exc}")
     click.echo(f"wrote {output}", err=True)
 
 

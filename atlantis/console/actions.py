@@ -26,15 +26,17 @@ from atlantis.store import admin
 from atlantis.store import console_queries as store
 
 
-async def _audit(request: Request, who: Principal, action: str, target: str, outcome: str,
-                 detail: dict[str, Any] | None = None) -> None:
+async def record_audit(request: Request, who: Principal, action: str, target: str,
+                       outcome: str, detail: dict[str, Any] | None = None) -> None:
+    """One row of the audit table: a write the console made, or refused."""
     client = client_of(request)
     await db_of(request).run(lambda conn: store.audit(
         conn, action=action, target=target, outcome=outcome, client=client, label=who.label,
         detail=detail))
 
 
-def _by(who: Principal) -> str:
+def recorded_by(who: Principal) -> str:
+    """Who a change is recorded as (who cancelled, retried, paused): ``console:label``."""
     return f"console:{who.label}"
 
 
@@ -68,7 +70,7 @@ def handle(fn: Any) -> Any:
 async def do_action(request: Request, who: Principal, action: str, job_id: int) -> dict[str, Any]:
     """Retry, cancel or delete one job, recorded in the audit table."""
     db = db_of(request)
-    by = _by(who)
+    by = recorded_by(who)
 
     def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         row = admin.get_job(conn, job_id)
@@ -94,13 +96,13 @@ async def do_action(request: Request, who: Principal, action: str, job_id: int) 
         result = await db.run(run)
     except ApiError as exc:
         if exc.status == 409:
-            await _audit(request, who, action, str(job_id), f"refused: {exc.message}")
+            await record_audit(request, who, action, str(job_id), f"refused: {exc.message}")
         raise
     except UniqueKeyTakenError as exc:
-        await _audit(request, who, action, str(job_id), f"refused: {exc}")
+        await record_audit(request, who, action, str(job_id), f"refused: {exc}")
         raise
-    await _audit(request, who, action, str(job_id),
-                 str(result.get("state", "deleted")))
+    await record_audit(request, who, action, str(job_id),
+                       str(result.get("state", "deleted")))
     return result
 
 
@@ -145,7 +147,7 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
         return doc
     if who is None:
         raise ApiError(403, "writes need Authorization: Bearer TOKEN")
-    by = _by(who)
+    by = recorded_by(who)
 
     def act(conn: psycopg.Connection[Any]) -> tuple[int, list[dict[str, Any]]]:
         done = 0
@@ -170,10 +172,10 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
     done, skipped = await db.run(act)
     doc["done"] = done
     doc["skipped"] = skipped[:100]
-    await _audit(request, who, f"bulk-{action}",
-                 f"{len(chosen)} jobs" + (" by filter" if flt_in is not None else ""),
-                 f"{done} done, {len(skipped)} skipped",
-                 {"filter": flt_in, "ids": chosen[:1000]})
+    await record_audit(request, who, f"bulk-{action}",
+                       f"{len(chosen)} jobs" + (" by filter" if flt_in is not None else ""),
+                       f"{done} done, {len(skipped)} skipped",
+                       {"filter": flt_in, "ids": chosen[:1000]})
     return doc
 
 

@@ -19,22 +19,22 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from atlantis import operations
-from atlantis.console.actions import _audit, _by
 from atlantis.console.actions import do_action as do_action
 from atlantis.console.actions import do_bulk as do_bulk
 from atlantis.console.actions import handle as handle
+from atlantis.console.actions import record_audit, recorded_by
 from atlantis.console.auth import Principal
 from atlantis.console.common import INT_MAX
 from atlantis.console.common import KEEPALIVE as KEEPALIVE
 from atlantis.console.common import PAGE_LIMIT as PAGE_LIMIT
 from atlantis.console.common import ApiError as ApiError
-from atlantis.console.common import _int as _int
-from atlantis.console.common import _job_id as _job_id
 from atlantis.console.common import broker_of as broker_of
 from atlantis.console.common import db_of as db_of
 from atlantis.console.common import error as error
+from atlantis.console.common import int_param as int_param
 from atlantis.console.common import job_filter as job_filter
 from atlantis.console.common import json as json
+from atlantis.console.common import path_job_id as path_job_id
 from atlantis.console.common import require_read as require_read
 from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
@@ -54,9 +54,9 @@ async def jobs(request: Request) -> Response:
     require_read(request)
     settings = settings_of(request)
     flt = job_filter(request.query_params, settings.redact)
-    before = _int(request.query_params.get("before"), "before")
-    limit = _int(request.query_params.get("limit"), "limit", default=50, low=1,
-                 high=PAGE_LIMIT)
+    before = int_param(request.query_params.get("before"), "before")
+    limit = int_param(request.query_params.get("limit"), "limit", default=50, low=1,
+                      high=PAGE_LIMIT)
     assert limit is not None
 
     def read(conn: psycopg.Connection[Any]) -> tuple[store.JobsPage, int | None]:
@@ -71,7 +71,7 @@ async def jobs(request: Request) -> Response:
 @handle
 async def job(request: Request) -> Response:
     require_read(request)
-    job_id = _job_id(request)
+    job_id = path_job_id(request)
     settings = settings_of(request)
 
     def read(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
@@ -113,11 +113,11 @@ def read_logs(conn: psycopg.Connection[Any], job_id: int, attempt: int | None,
 @handle
 async def logs(request: Request) -> Response:
     require_read(request)
-    job_id = _job_id(request)
-    run = _int(request.query_params.get("run"), "run", low=1, maximum=INT_MAX)
-    attempt = _int(request.query_params.get("attempt"), "attempt", low=1, maximum=INT_MAX)
-    after = _int(request.query_params.get("after"), "after", default=0, low=0)
-    limit = _int(request.query_params.get("limit"), "limit", default=200, low=1, high=5000)
+    job_id = path_job_id(request)
+    run = int_param(request.query_params.get("run"), "run", low=1, maximum=INT_MAX)
+    attempt = int_param(request.query_params.get("attempt"), "attempt", low=1, maximum=INT_MAX)
+    after = int_param(request.query_params.get("after"), "after", default=0, low=0)
+    limit = int_param(request.query_params.get("limit"), "limit", default=200, low=1, high=5000)
     assert after is not None and limit is not None
     doc = await db_of(request).run(lambda conn: read_logs(conn, job_id, attempt, after, limit,
                                                           run))
@@ -159,7 +159,7 @@ async def stream(request: Request) -> Response:
     """``event: job`` (the job's document) on every change, ``event: log`` (a JSON array of
     new lines) as they are written; the first events are the job and its log tail."""
     require_read(request)
-    job_id = _job_id(request)
+    job_id = path_job_id(request)
     settings = settings_of(request)
 
     def read(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], dict[str, Any], int] | None:
@@ -208,19 +208,19 @@ async def _body(request: Request) -> dict[str, Any]:
 @handle
 async def retry(request: Request) -> Response:
     who = require_write(request)
-    return json(await do_action(request, who, "retry", _job_id(request)))
+    return json(await do_action(request, who, "retry", path_job_id(request)))
 
 
 @handle
 async def cancel(request: Request) -> Response:
     who = require_write(request)
-    return json(await do_action(request, who, "cancel", _job_id(request)))
+    return json(await do_action(request, who, "cancel", path_job_id(request)))
 
 
 @handle
 async def delete(request: Request) -> Response:
     who = require_write(request)
-    return json(await do_action(request, who, "delete", _job_id(request)))
+    return json(await do_action(request, who, "delete", path_job_id(request)))
 
 
 @handle
@@ -235,7 +235,7 @@ async def bulk(request: Request) -> Response:
 
 async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
                      reason: str | None) -> dict[str, Any]:
-    by = _by(who)
+    by = recorded_by(who)
     if not text_param(queue, "queue"):
         raise ApiError(400, "queue: missing")
 
@@ -245,8 +245,9 @@ async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
         return operations.resume(conn, queue, by=by)
 
     changed = await db_of(request).run(run)
-    await _audit(request, who, "pause" if paused else "resume", queue,
-                 "changed" if changed else "unchanged", {"reason": reason} if reason else None)
+    await record_audit(request, who, "pause" if paused else "resume", queue,
+                       "changed" if changed else "unchanged",
+                       {"reason": reason} if reason else None)
     return {"queue": queue, "paused": paused, "changed": changed}
 
 
@@ -313,7 +314,7 @@ async def dlq(request: Request) -> Response:
 @handle
 async def audit(request: Request) -> Response:
     require_read(request)
-    before = _int(request.query_params.get("before"), "before")
+    before = int_param(request.query_params.get("before"), "before")
     rows = await db_of(request).run(lambda conn: store.audit_log(conn, before=before))
     return json({"audit": [as_dict(r) for r in rows]})
 

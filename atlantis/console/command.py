@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from atlantis.store.database import ENV_URL
+from atlantis import environ
 
 
 def _missing_extra() -> str | None:
@@ -32,7 +32,7 @@ def _missing_extra() -> str | None:
 @click.command("console")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but loopback exposes the console to the "
-                   "network: set ATLANTIS_CONSOLE_TOKEN and consider --private.")
+                   f"network: set {environ.CONSOLE_TOKEN} and consider --private.")
 @click.option("--port", default=8321, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: any free port).")
 @click.option("--private", is_flag=True,
@@ -40,7 +40,8 @@ def _missing_extra() -> str | None:
 @click.option("--args-redact", "redact", multiple=True, metavar="KEY",
               help="Hide this args field (at any depth) everywhere; repeatable.")
 @click.option("--database-url", "database_url", default=None,
-              help=f"libpq URL; default tide's --database-url, ${ENV_URL} or embedded.")
+              help=f"libpq URL; default tide's --database-url, ${environ.DATABASE_URL} or "
+                   "embedded.")
 @click.pass_context
 def console(ctx: click.Context, host: str, port: int, private: bool, redact: tuple[str, ...],
             database_url: str | None) -> None:
@@ -53,7 +54,7 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
     import uvicorn
 
     from atlantis.console.app import create_app
-    from atlantis.console.settings import ENV_TOKEN, Settings, loopback, loopback_hosts
+    from atlantis.console.settings import Settings, loopback, loopback_hosts
     from atlantis.store.database import (
         DatabaseUrlError,
         announce,
@@ -65,7 +66,7 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
     )
 
     root = ctx.find_root().obj if ctx.find_root().obj else {}
-    explicit = database_url or root.get("database_url") or os.environ.get(ENV_URL)
+    explicit = database_url or root.get("database_url") or os.environ.get(environ.DATABASE_URL)
     try:
         url = resolve_url(explicit)
     except Exception as exc:
@@ -81,7 +82,8 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
         url, private=private, redact=frozenset(redact),
         allowed_hosts=loopback_hosts(host) if loopback(host) else None)
     if private and settings.token is None:
-        click.echo(f"tide: console: --private needs {ENV_TOKEN} (label:secret)", err=True)
+        click.echo(f"tide: console: --private needs {environ.CONSOLE_TOKEN} (label:secret)",
+                   err=True)
         sys.exit(2)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -95,7 +97,8 @@ def console(ctx: click.Context, host: str, port: int, private: bool, redact: tup
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     mode = ("private, " if private else "") + (
-        "writes with the token" if settings.token else f"read-only ({ENV_TOKEN} not set)")
+        "writes with the token" if settings.token
+        else f"read-only ({environ.CONSOLE_TOKEN} not set)")
     click.echo(f"atlantis console on http://{shown}:{bound}/ ({mode}; database "
                f"{redact_url(url)})", err=True)
     if not loopback(host):

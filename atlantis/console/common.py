@@ -8,6 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from atlantis import environ
 from atlantis.console.auth import CSRF_HEADER, Principal, csrf_ok, identify
 from atlantis.console.data import Database, dumps
 from atlantis.console.events import Broker
@@ -105,9 +106,9 @@ def _keys(value: Any) -> list[str]:
     return []
 
 
-def _int(raw: str | None, name: str, *, default: int | None = None,
-         low: int | None = None, high: int | None = None,
-         maximum: int = BIGINT_MAX) -> int | None:
+def int_param(raw: str | None, name: str, *, default: int | None = None,
+              low: int | None = None, high: int | None = None,
+              maximum: int = BIGINT_MAX) -> int | None:
     """An integer parameter: ``high`` caps it (a limit), ``low`` and ``maximum`` (the
     database column's range) refuse it."""
     if raw is None or raw == "":
@@ -160,7 +161,7 @@ def job_filter(params: Any, hidden: frozenset[str]) -> store.JobFilter:
                            job=text_param(params.get("job"), "job") or None, args=args)
 
 
-def _job_id(request: Request) -> int:
+def path_job_id(request: Request) -> int:
     raw = request.path_params["job_id"]
     try:
         value = int(raw)
@@ -186,7 +187,7 @@ def require_read(request: Request) -> Principal:
 def require_write(request: Request, csrf: str | None = None) -> Principal:
     settings = settings_of(request)
     if settings.token is None:
-        raise ApiError(403, "read-only console: ATLANTIS_CONSOLE_TOKEN is not set")
+        raise ApiError(403, f"read-only console: {environ.CONSOLE_TOKEN} is not set")
     who = identify(request, settings)
     if who.bad_credentials:
         raise ApiError(401, "wrong token")

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from atlantis import environ
 from atlantis.console import api
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
@@ -133,8 +134,8 @@ async def jobs(request: Request, who: Principal) -> Response:
     settings = settings_of(request)
     params = request.query_params
     flt = api.job_filter(params, settings.redact)
-    before = api._int(params.get("before"), "before")
-    limit = api._int(params.get("limit"), "limit", default=50, low=1, high=api.PAGE_LIMIT)
+    before = api.int_param(params.get("before"), "before")
+    limit = api.int_param(params.get("limit"), "limit", default=50, low=1, high=api.PAGE_LIMIT)
     assert limit is not None
 
     def read(conn: psycopg.Connection[Any]) -> tuple[store.JobsPage, int | None]:
@@ -157,7 +158,7 @@ async def jobs(request: Request, who: Principal) -> Response:
 
 @page
 async def job(request: Request, who: Principal) -> Response:
-    job_id = api._job_id(request)
+    job_id = api.path_job_id(request)
     settings = settings_of(request)
 
     def read(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -224,7 +225,7 @@ async def job_action(request: Request, who: Principal) -> Response:
     action = request.path_params["action"]
     if action not in ("retry", "cancel", "delete"):
         raise ApiError(404, "no such action")
-    job_id = api._job_id(request)
+    job_id = api.path_job_id(request)
     await api.do_action(request, writer, action, job_id)
     return RedirectResponse(_back("/jobs" if action == "delete" else f"/jobs/{job_id}", form),
                             303)
@@ -293,7 +294,7 @@ async def login(request: Request) -> Response:
     target = _back("/", form)
     if settings.token is None:
         return render(request, "login.html", 403, next=target, failed=True,
-                      message="This console has no token (ATLANTIS_CONSOLE_TOKEN): it is "
+                      message=f"This console has no token ({environ.CONSOLE_TOKEN}): it is "
                               "read-only for everyone.")
     if not check_secret(settings.token, form.get("token", "")):
         return render(request, "login.html", 403, next=target, failed=True,

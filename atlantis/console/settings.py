@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-ENV_TOKEN = "ATLANTIS_CONSOLE_TOKEN"
+from atlantis import environ
+
 #: The label recorded in the audit table for a token given without one (``secret``).
 DEFAULT_LABEL = "token"
 #: What a redacted arg shows instead of its value.
@@ -56,7 +57,7 @@ class Settings:
 
     @classmethod
     def from_env(cls, database_url: str, **kwargs: object) -> Settings:
-        return cls(database_url, token=Token.parse(os.environ.get(ENV_TOKEN)),
+        return cls(database_url, token=Token.parse(os.environ.get(environ.CONSOLE_TOKEN)),
                    **kwargs)  # type: ignore[arg-type]
 
 

@@ -21,10 +21,12 @@ from urllib.parse import quote, unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from atlantis import environ
 from atlantis.errors import ConfigurationError
 
-ENV_URL = "ATLANTIS_DATABASE_URL"
-ENV_HOME = "ATLANTIS_HOME"
+#: The name atlantis-supervise's cli.py still imports; everything else reads
+#: ``atlantis.environ.DATABASE_URL``.
+ENV_URL = environ.DATABASE_URL
 
 
 #: The system user pgserver runs the server as when atlantis runs as root.
@@ -35,7 +37,7 @@ _SOCKET_NAME = ".s.PGSQL.5432"
 
 
 def atlantis_home() -> Path:
-    raw = os.environ.get(ENV_HOME) or os.path.join(
+    raw = os.environ.get(environ.HOME) or os.path.join(
         os.path.expanduser("~"), ".local", "share", "atlantis"
     )
     return Path(raw)
@@ -118,7 +120,7 @@ def _harden(postgres_server: Any) -> None:
         if not hasattr(postgres_server, name):  # a pgserver we do not know: fail closed
             raise ConfigurationError(
                 f"this pgserver version lacks {name}; atlantis cannot run it safely "
-                f"(set {ENV_URL} to use your own PostgreSQL)")
+                f"(set {environ.DATABASE_URL} to use your own PostgreSQL)")
     postgres_server.ensure_prefix_permissions = _let_server_through
     postgres_server.find_suitable_socket_dir = _socket_dir
     for name in ("initdb", "pg_ctl"):
@@ -205,16 +207,16 @@ def _socket_dir(pgdata: Path, runtime_path: Path) -> Path:
     _check_private(folder, "the folder for the embedded PostgreSQL's socket")
     if len(os.fsencode(folder / _SOCKET_NAME)) > _SOCKET_PATH_MAX:
         raise ConfigurationError(f"{folder} is too long for a unix socket; set a shorter "
-                                 f"{ENV_HOME} or XDG_RUNTIME_DIR")
+                                 f"{environ.HOME} or XDG_RUNTIME_DIR")
     return folder
 
 
 def _socket_fits(pgdata: Path) -> None:
     if len(os.fsencode(pgdata / _SOCKET_NAME)) > _SOCKET_PATH_MAX:
         raise ConfigurationError(
-            f"{ENV_HOME} {pgdata.parent} is too long for the embedded PostgreSQL's unix socket "
+            f"{environ.HOME} {pgdata.parent} is too long for the embedded PostgreSQL's unix socket "
             f"(at most {_SOCKET_PATH_MAX - len('/pgdata/' + _SOCKET_NAME)} characters); "
-            f"set a shorter {ENV_HOME}")
+            f"set a shorter {environ.HOME}")
 
 
 def _check_private(folder: Path, what: str) -> None:
@@ -231,7 +233,7 @@ def _check_private(folder: Path, what: str) -> None:
 
 def resolve_url(explicit: str | None = None) -> str:
     """The URL to use: explicit, else ``ATLANTIS_DATABASE_URL``, else the embedded server."""
-    return explicit or os.environ.get(ENV_URL) or embedded_url()
+    return explicit or os.environ.get(environ.DATABASE_URL) or embedded_url()
 
 
 #: Shown instead of a secret, and instead of a URL libpq cannot parse.

@@ -25,7 +25,6 @@ from tenacity.stop import stop_base
 
 from atlantis import environ
 from atlantis.app import load_app
-from atlantis.cli.usage import OneLineCommand
 from atlantis.declarations import JobDecl
 from atlantis.errors import AtlantisError
 from atlantis.store import connect, migrate, sync
@@ -44,6 +43,7 @@ from atlantis.supervisor.settings import options as settings_options
 from atlantis.supervisor.supervisor import Supervisor
 from atlantis.supervisor.systemd import Notifier
 from atlantis.units import format_duration
+from atlantis.usage import OneLineCommand
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2

@@ -6,6 +6,8 @@ they show the command's last line. The root command of a program uses
 ``cls=OneLineCommand`` (or ``OneLineGroup``); every usage error raised below it, while
 parsing or by a command itself (``click.BadParameter``), is shown as
 ``prog: what is wrong (see `prog sub --help`)``.
+
+It sits below both programs (it needs click alone), so neither imports the other for it.
 """
 
 from __future__ import annotations
