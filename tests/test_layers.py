@@ -303,3 +303,11 @@ def test_environment_variable_names_are_written_in_environ_alone() -> None:
              if module.startswith("atlantis") and module != "atlantis.environ"
              for line, name in environ_literals(path)]
     assert not found, "use atlantis.environ's constants:\n" + "\n".join(found)
+
+
+def test_no_module_of_atlantis_is_over_400_lines() -> None:
+    """A module past 400 lines holds more than one concept: split it along them."""
+    long = [f"  {path.relative_to(ROOT)}: {n} lines"
+            for module, path in MODULES.items() if module.startswith("atlantis")
+            for n in [len(path.read_text().splitlines())] if n > 400]
+    assert not long, "split these along their concepts:\n" + "\n".join(long)

@@ -33,13 +33,13 @@ def _opt(kind: str, help: str, *, hidden: bool = False, choices: tuple[str, ...]
 class Settings:
     queues: tuple[str, ...] = _opt("queues", "Queue to serve (repeatable).", default=(),
                                    option="--queue")
-    app: str = _opt("str", "package.module:registry (or ATLANTIS_APP).", default="")
-    database_url: str = _opt("str", "libpq URL; default $ATLANTIS_DATABASE_URL or embedded.",
+    app: str = _opt("str", f"package.module:registry (or {environ.APP}).", default="")
+    database_url: str = _opt("str", f"libpq URL; default ${environ.DATABASE_URL} or embedded.",
                              default="")
     handler_database_url: str = _opt(
-        "str", "What children get as ATLANTIS_DATABASE_URL (a less privileged role); when set, "
-        "the supervisor's own URL and PG* variables never reach a child "
-        "(or ATLANTIS_HANDLER_DATABASE_URL).", default="")
+        "str", f"What children get as {environ.DATABASE_URL} (a less privileged role); when "
+        "set, the supervisor's own URL and PG* variables never reach a child "
+        f"(or {environ.HANDLER_DATABASE_URL}).", default="")
     concurrency: int = _opt("int", "Children, hence attempts at once; default: number of CPUs.",
                             default_factory=lambda: os.cpu_count() or 1)
     drain_timeout: float = _opt("duration", "On SIGTERM/SIGINT: how long in-flight attempts may "
