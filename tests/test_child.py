@@ -9,6 +9,7 @@ how the child ended and its last words (in the lease cell, and on stderr). See
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import select
@@ -40,6 +41,7 @@ from atlantis.child.text import (
     text_of,
 )
 from atlantis.child.tree import last_pid
+from atlantis.context import AttemptFlags, JobContext
 from atlantis.protocol.framing import HEADER
 from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
@@ -83,7 +85,9 @@ class Peer:
         os.write(self.control, encode(msg))
 
     def run(self, mode: str | None = None, *, job: str = "hostile.Misbehave",
-            args: str | None = None, lease: float = 3600.0, margin: float = 1.0) -> int:
+            args: str | None = None, lease: float = 3600.0, margin: float = 1.0,
+            cancelled: bool = False) -> int:
+        """Send a ``Run`` (with its ``Cancel`` in the same write, if ``cancelled``)."""
         job_id = next(_ids)
         if args is None:
             args = orjson.dumps({"mode": mode, "key": None}).decode()
@@ -91,8 +95,10 @@ class Peer:
         lease_end = time.monotonic() + lease
         if self.cell is not None:  # as the supervisor does: the cell first, then the Run
             self.cell.set(lease_end)
-        self.send(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
-                      args=args, deadline=deadline, lease_end=lease_end, lease_margin=margin))
+        frames = encode(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
+                            args=args, deadline=deadline, lease_end=lease_end,
+                            lease_margin=margin))
+        os.write(self.control, frames + (encode(Cancel(job_id=job_id)) if cancelled else b""))
         return job_id
 
     def next(self, timeout: float = 15.0) -> FromChild | None:
@@ -346,6 +352,15 @@ def test_a_cancel_reaches_the_handler(survivor: Child) -> None:
     survivor.still_serves()
 
 
+def test_a_cancel_that_comes_with_its_run_reaches_the_handler(survivor: Child) -> None:
+    """Read before the handler starts, it is in the flags the handler's context is made with."""
+    job_id = survivor.run("sleep", cancelled=True)
+    _, done = survivor.done(job_id)
+    assert done.outcome == "discard" and done.error is not None
+    assert done.error.message == "saw the cancel"
+    survivor.still_serves()  # the next attempt's flags are its own
+
+
 @pytest.mark.parametrize("short_attempts_before", [0, 20])
 def test_renewed_leases_keep_the_attempt_alive_and_it_hears_its_cancel(
         survivor: Child, short_attempts_before: int) -> None:
@@ -593,6 +608,22 @@ def test_the_last_pid_moves_with_every_new_task() -> None:
     assert after_thread != before
     subprocess.run(["true"], check=True)
     assert last_pid() != after_thread
+
+
+def test_the_context_reads_the_flags_it_was_made_with() -> None:
+    flags = AttemptFlags()
+    ctx = JobContext(job_id=1, job="hostile.Misbehave", queue="hostile", attempt=1,
+                     max_attempts=1, deadline=datetime.now(UTC), logger=logging.getLogger("t"),
+                     flags=flags)
+    assert (ctx.cancelled, ctx.stopping) == (False, False)
+    flags.stopping = True
+    assert (ctx.cancelled, ctx.stopping) == (False, True)
+    flags.cancelled = True
+    assert (ctx.cancelled, ctx.stopping) == (True, True)
+    assert "flags" not in repr(ctx)
+    alone = JobContext(job_id=2, job="j", queue="q", attempt=1, max_attempts=1,
+                       deadline=datetime.now(UTC), logger=logging.getLogger("t"))
+    assert (alone.cancelled, alone.stopping) == (False, False)
 
 
 def test_a_result_that_cannot_be_encoded_is_replaced_by_a_failure() -> None:

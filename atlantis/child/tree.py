@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import psutil
 
+from atlantis import environ
 from atlantis.child.exits import EXIT_ORPHANED, exit_now, flush_output
 
 _PR_SET_PDEATHSIG = 1
@@ -26,7 +27,7 @@ PARENT_DEATH_SIGNAL: int | None = (
     signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None  # Linux only
 )
 #: Environment variable marking every process of a child's tree (see ``serve``).
-TREE_VARIABLE = "ATLANTIS_TREE"
+TREE_VARIABLE = environ.TREE
 
 
 def die_with_parent() -> None:
