@@ -16,6 +16,22 @@ CHECKPOINT_INTERVAL = 0.2
 ProgressSink = Callable[[float, str], None]
 
 
+class AttemptFlags:
+    """What the supervisor asked of one attempt while it runs, as its handler sees it.
+
+    The child's watchdog thread makes one for every ``Run`` it receives, before the
+    handler starts, and sets ``cancelled`` on that job's ``Cancel`` and ``stopping`` on its
+    ``Stopping``; the attempt's :class:`JobContext` is made with it and reads it. A flag
+    only ever turns true (one store of a bool: the handler's thread sees it at its next look).
+    """
+
+    __slots__ = ("cancelled", "stopping")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.stopping = False
+
+
 @dataclass(eq=False, repr=False)
 class JobContext:
     """The attempt a handler is running.
@@ -34,9 +50,9 @@ class JobContext:
     deadline: datetime
     logger: logging.Logger
     database_url: str | None = field(default=None, repr=False)
+    flags: AttemptFlags = field(default_factory=AttemptFlags, repr=False)
+    """Set by atlantis (the child's watchdog); read them as ``cancelled`` and ``stopping``."""
     _sink: ProgressSink | None = field(default=None, repr=False)
-    _cancelled: bool = field(default=False, repr=False)
-    _stopping: bool = field(default=False, repr=False)
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
 
@@ -51,14 +67,14 @@ class JobContext:
         The handler then has ``--cancel-grace`` to return on its own (the job ends
         ``cancelled`` whatever it returns); after that its process group gets SIGTERM.
         """
-        return self._cancelled
+        return self.flags.cancelled
 
     @property
     def stopping(self) -> bool:
         """True once a drain (a deploy, a shutdown) reached the attempt. Not a cancel: a
         handler that wants to yield raises ``atlantis.Snooze(0)``, and its row goes back
         without spending an attempt."""
-        return self._stopping
+        return self.flags.stopping
 
     def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
         """Report progress; never raises. Returns the error that kept it from being sent."""

@@ -413,16 +413,17 @@ def test_the_table_quotes_the_real_messages() -> None:
 
 
 def test_a_crash_says_why_the_child_stopped_itself() -> None:
-    """The child's last words on stderr replace the guess that a SIGKILL means memory."""
+    """The child's last words (in its lease cell) replace the guess that a SIGKILL means memory."""
+    from atlantis.protocol.leasecell import LeaseCell
     from atlantis.supervisor import policy
-    from atlantis.supervisor.output import OutputLog
 
-    out = OutputLog(0, 0)
-    out.feed(b"atlantis: job=7: the child lost its control pipe ([Errno 9] Bad file "
-             b"descriptor); stopping the attempt\n", "stderr")
+    cell, fd = LeaseCell.create()
+    os.close(fd)
+    cell.set_last_words("the child lost its control pipe ([Errno 9] Bad file descriptor)")
     facts = policy.AttemptFacts(1, 1, 1.0, 60.0)
     limits = policy.Limits(max_snooze=1.0, max_backoff=1.0)
-    said = policy.decide_exit(facts, limits, -9, said=out.last_words)
+    said = policy.decide_exit(facts, limits, -9, said=cell.last_words())
+    cell.close()
     assert said.error is not None and said.error["message"] == (
         "killed by SIGKILL: the child lost its control pipe ([Errno 9] Bad file descriptor)")
     silent = policy.decide_exit(facts, limits, -9)

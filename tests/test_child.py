@@ -1,13 +1,15 @@
 """The child on its own (no supervisor, no database): hostile handlers end their attempt only.
 
-Each test starts ``python -m atlantis.child`` (or the zygote) on pipes of its own, plays the
-supervisor's part with typed frames, and checks the ``Done`` it gets back, or how the
-child ended and what it said on stderr. See ``tests/apps/hostile.py`` for the modes.
+Each test starts ``python -m atlantis.child`` (or the zygote) on pipes and a lease cell of its
+own, plays the supervisor's part with typed frames, and checks the ``Done`` it gets back, or
+how the child ended and its last words (in the lease cell, and on stderr). See
+``tests/apps/hostile.py`` for the modes.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import select
@@ -39,6 +41,7 @@ from atlantis.child.text import (
     text_of,
 )
 from atlantis.child.tree import last_pid
+from atlantis.context import AttemptFlags, JobContext
 from atlantis.protocol.framing import HEADER
 from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
@@ -53,7 +56,6 @@ from atlantis.protocol.messages import (
     Fork,
     Forked,
     FromChild,
-    Lease,
     Message,
     Ready,
     Run,
@@ -62,6 +64,7 @@ from atlantis.protocol.messages import (
     dumps,
     encode,
 )
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.hostile:registry"
@@ -82,7 +85,9 @@ class Peer:
         os.write(self.control, encode(msg))
 
     def run(self, mode: str | None = None, *, job: str = "hostile.Misbehave",
-            args: str | None = None, lease: float = 3600.0, margin: float = 1.0) -> int:
+            args: str | None = None, lease: float = 3600.0, margin: float = 1.0,
+            cancelled: bool = False) -> int:
+        """Send a ``Run`` (with its ``Cancel`` in the same write, if ``cancelled``)."""
         job_id = next(_ids)
         if args is None:
             args = orjson.dumps({"mode": mode, "key": None}).decode()
@@ -90,8 +95,10 @@ class Peer:
         lease_end = time.monotonic() + lease
         if self.cell is not None:  # as the supervisor does: the cell first, then the Run
             self.cell.set(lease_end)
-        self.send(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
-                      args=args, deadline=deadline, lease_end=lease_end, lease_margin=margin))
+        frames = encode(Run(job_id=job_id, job=job, queue="hostile", attempt=1, max_attempts=1,
+                            args=args, deadline=deadline, lease_end=lease_end,
+                            lease_margin=margin))
+        os.write(self.control, frames + (encode(Cancel(job_id=job_id)) if cancelled else b""))
         return job_id
 
     def next(self, timeout: float = 15.0) -> FromChild | None:
@@ -138,20 +145,20 @@ class Child(Peer):
     """``python -m atlantis.child`` on pipes of its own, in a session of its own."""
 
     def __init__(self, tmp: Path, app: str = APP, expect_ready: bool = True,
-                 with_cell: bool = False, own_session: bool = True) -> None:
+                 own_session: bool = True) -> None:
         ctl_r, control = os.pipe()
         events, ev_w = os.pipe()
-        cell, cell_fd = LeaseCell.create() if with_cell else (None, -1)
+        cell, cell_fd = LeaseCell.create()
         super().__init__(control, events, tmp / f"child-{next(_ids)}.err", cell)
+        self.cell: LeaseCell = cell
         self._err: IO[bytes] = self.stderr_path.open("w+b")
-        extra = ["--lease-fd", str(cell_fd)] if with_cell else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "atlantis.child", "--app", app,
-             "--control-fd", str(ctl_r), "--events-fd", str(ev_w), *extra],
-            pass_fds=(ctl_r, ev_w, *([cell_fd] if with_cell else [])), stdin=subprocess.DEVNULL,
+             "--control-fd", str(ctl_r), "--events-fd", str(ev_w), "--lease-fd", str(cell_fd)],
+            pass_fds=(ctl_r, ev_w, cell_fd), stdin=subprocess.DEVNULL,
             stdout=self._err, stderr=self._err, start_new_session=own_session, cwd=ROOT,
         )
-        for fd in (ctl_r, ev_w, *([cell_fd] if with_cell else [])):
+        for fd in (ctl_r, ev_w, cell_fd):
             os.close(fd)
         if expect_ready:
             ready = self.next()
@@ -159,6 +166,14 @@ class Child(Peer):
 
     def wait(self, timeout: float = 15.0) -> int:
         return self.proc.wait(timeout)
+
+    def last_words(self, job_id: int | str) -> str:
+        """Why the dead child said it stopped ``job_id``'s attempt: the lease cell's words,
+        which the supervisor records, and the line on stderr for people say the same."""
+        assert self.proc.poll() is not None
+        words = self.cell.last_words()
+        assert f"atlantis: job={job_id}: {words}; stopping the attempt" in self.stderr()
+        return words
 
     def close(self) -> None:
         for fd in (self.control, self.events):
@@ -173,8 +188,7 @@ class Child(Peer):
                 pass
         self.proc.wait(15)
         self._err.close()
-        if self.cell is not None:
-            self.cell.close()
+        self.cell.close()
 
 
 @pytest.fixture
@@ -338,6 +352,15 @@ def test_a_cancel_reaches_the_handler(survivor: Child) -> None:
     survivor.still_serves()
 
 
+def test_a_cancel_that_comes_with_its_run_reaches_the_handler(survivor: Child) -> None:
+    """Read before the handler starts, it is in the flags the handler's context is made with."""
+    job_id = survivor.run("sleep", cancelled=True)
+    _, done = survivor.done(job_id)
+    assert done.outcome == "discard" and done.error is not None
+    assert done.error.message == "saw the cancel"
+    survivor.still_serves()  # the next attempt's flags are its own
+
+
 @pytest.mark.parametrize("short_attempts_before", [0, 20])
 def test_renewed_leases_keep_the_attempt_alive_and_it_hears_its_cancel(
         survivor: Child, short_attempts_before: int) -> None:
@@ -345,8 +368,8 @@ def test_renewed_leases_keep_the_attempt_alive_and_it_hears_its_cancel(
     for _ in range(short_attempts_before):
         assert survivor.attempt("ok")[1].outcome == "complete"
     job_id = survivor.run("sleep", lease=2.0, margin=0.5)
-    for _ in range(10):  # 2.5 s: past the first lease's end
-        survivor.send(Lease(job_id=job_id, lease_end=time.monotonic() + 2.0))
+    for _ in range(10):  # 2.5 s: past the first lease's end, renewed through the cell
+        survivor.cell.set(time.monotonic() + 2.0)
         time.sleep(0.25)
     survivor.send(Cancel(job_id=job_id))
     _, done = survivor.done(job_id)
@@ -358,8 +381,10 @@ def test_renewed_leases_keep_the_attempt_alive_and_it_hears_its_cancel(
 # ---- faults that end the child, loudly -----------------------------------------------------
 
 def test_sigterm_fails_the_attempt_then_the_child_exits(child: Child) -> None:
-    job_id = child.run("sleep")
-    time.sleep(0.3)
+    job_id = child.run("announce-sleep")
+    # Once the handler runs: SIGTERM between attempts would end the child (-15) instead.
+    wait_for(lambda: f"handler ran: job {job_id}" in child.stderr(), timeout=15,
+             message="the handler to run")
     child.proc.send_signal(signal.SIGTERM)
     _, done = child.done(job_id)
     assert done.outcome == "failed" and done.error is not None
@@ -374,9 +399,10 @@ def test_closing_every_descriptor_then_returning_ends_the_child(child: Child) ->
     # As a rule the Done cannot be sent (exit 4); the watchdog thread may notice its control
     # pipe gone first (SIGKILL), and then either may speak first.
     assert code in (EXIT_PROTOCOL, -signal.SIGKILL)
-    assert (f"atlantis: job={job_id}: the child lost its events pipe "
-            "([Errno 9] Bad file descriptor)" in child.stderr()
-            or "the child lost its control pipe (" in child.stderr())
+    words = child.cell.last_words()
+    assert (words == "the child lost its events pipe ([Errno 9] Bad file descriptor)"
+            or words.startswith("the child lost its control pipe ("))
+    assert f"atlantis: job={job_id}: {words}; stopping the attempt" in child.stderr()
 
 
 def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> None:
@@ -385,8 +411,8 @@ def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> 
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
     assert time.monotonic() - started < 10  # not the 20 s sleep, nor the lease's end
-    assert f"atlantis: job={job_id}: the child lost its control pipe (" in child.stderr()
-    assert "; stopping the attempt" in child.stderr()
+    # Its events pipe closed too: the lease cell still carries why.
+    assert child.last_words(job_id).startswith("the child lost its control pipe (")
 
 
 def test_a_child_taken_out_of_its_session_says_so_and_exits(tmp_path: Path) -> None:
@@ -406,15 +432,14 @@ def test_a_watchdog_that_dies_kills_the_tree(child: Child) -> None:
     job_id = child.run("kill-watchdog")
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
-    assert (f"atlantis: job={job_id}: the child's watchdog failed (RuntimeError); "
-            "stopping the attempt") in child.stderr()
+    assert child.last_words(job_id) == "the child's watchdog failed (RuntimeError)"
 
 
 def test_a_lost_events_pipe_ends_the_child_with_exit_protocol(child: Child) -> None:
     os.close(child.events)
-    child.run("ok")
+    job_id = child.run("ok")
     assert child.wait() == EXIT_PROTOCOL
-    assert "the child lost its events pipe ([Errno 32] Broken pipe)" in child.stderr()
+    assert child.last_words(job_id) == "the child lost its events pipe ([Errno 32] Broken pipe)"
 
 
 @pytest.mark.parametrize("short_attempts_before", [0, 20])
@@ -424,23 +449,21 @@ def test_a_lease_that_is_not_renewed_kills_the_child(child: Child, short_attempt
     job_id = child.run("sleep", lease=1.0, margin=0.25)
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
-    assert f"atlantis: job={job_id}: no lease renewal reached this child" in child.stderr()
+    assert child.last_words(job_id) == "no lease renewal reached this child before the lease's end"
 
 
-@pytest.mark.parametrize("with_cell", [False, True])
-def test_a_run_whose_lease_already_ended_runs_nothing(tmp_path: Path, with_cell: bool) -> None:
+def test_a_run_whose_lease_already_ended_runs_nothing(tmp_path: Path) -> None:
     """A ``Run`` that arrives with its lease over (or within the margin of its end) kills
     the child before any of the handler runs: another worker may already have the row."""
-    c = Child(tmp_path, with_cell=with_cell)
+    c = Child(tmp_path)
     try:
         assert c.attempt("announce")[1].outcome == "complete"
         assert "handler ran" in c.stderr()
         job_id = c.run("announce", lease=0.1, margin=0.5)
         assert c.next() is None
         assert c.wait() == -signal.SIGKILL
-        err = c.stderr()
-        assert f"atlantis: job={job_id}: the lease had ended before the attempt could start" in err
-        assert f"handler ran: job {job_id}" not in err
+        assert c.last_words(job_id) == "the lease had ended before the attempt could start"
+        assert f"handler ran: job {job_id}" not in c.stderr()
     finally:
         c.close()
 
@@ -450,9 +473,8 @@ def test_renewals_through_the_lease_cell_keep_the_attempt_alive_until_they_stop(
         tmp_path: Path, short_attempts_before: int) -> None:
     """The supervisor renews through the shared cell, without a frame; when it stops, the
     watchdog (asleep after short attempts, or reading the pipe) still kills the attempt."""
-    c = Child(tmp_path, with_cell=True)
+    c = Child(tmp_path)
     try:
-        assert c.cell is not None
         for _ in range(short_attempts_before):
             assert c.attempt("ok")[1].outcome == "complete"
         job_id = c.run("sleep", lease=2.0, margin=0.5)
@@ -464,7 +486,7 @@ def test_renewals_through_the_lease_cell_keep_the_attempt_alive_until_they_stop(
         # The renewals stop: the attempt dies at the end of the last one.
         assert c.next() is None
         assert c.wait() == -signal.SIGKILL
-        assert f"atlantis: job={job_id}: no lease renewal reached this child" in c.stderr()
+        assert c.last_words(job_id).startswith("no lease renewal reached this child")
     finally:
         c.close()
 
@@ -478,12 +500,13 @@ def test_a_malformed_control_frame_kills_the_child(child: Child, frame: bytes) -
     os.write(child.control, frame)
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
-    assert "corrupt control stream" in child.stderr()
+    assert child.last_words("-").startswith("corrupt control stream (")
 
 
 def test_eof_on_the_control_pipe_ends_the_child(child: Child) -> None:
     os.close(child.control)
     assert child.wait() == -signal.SIGKILL
+    assert child.cell.last_words() == ""  # quietly: nobody is left to hear it
 
 
 def test_an_app_that_cannot_load_is_fatal(tmp_path: Path) -> None:
@@ -585,6 +608,22 @@ def test_the_last_pid_moves_with_every_new_task() -> None:
     assert after_thread != before
     subprocess.run(["true"], check=True)
     assert last_pid() != after_thread
+
+
+def test_the_context_reads_the_flags_it_was_made_with() -> None:
+    flags = AttemptFlags()
+    ctx = JobContext(job_id=1, job="hostile.Misbehave", queue="hostile", attempt=1,
+                     max_attempts=1, deadline=datetime.now(UTC), logger=logging.getLogger("t"),
+                     flags=flags)
+    assert (ctx.cancelled, ctx.stopping) == (False, False)
+    flags.stopping = True
+    assert (ctx.cancelled, ctx.stopping) == (False, True)
+    flags.cancelled = True
+    assert (ctx.cancelled, ctx.stopping) == (True, True)
+    assert "flags" not in repr(ctx)
+    alone = JobContext(job_id=2, job="j", queue="q", attempt=1, max_attempts=1,
+                       deadline=datetime.now(UTC), logger=logging.getLogger("t"))
+    assert (alone.cancelled, alone.stopping) == (False, False)
 
 
 def test_a_result_that_cannot_be_encoded_is_replaced_by_a_failure() -> None:

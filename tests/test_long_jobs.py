@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from typing import Any
 
 import orjson
@@ -21,8 +20,9 @@ APP = "tests.apps.ops:registry"
 QUEUES = ("ops",)
 
 
-def _start(supervise: Any, *args: str, concurrency: int = 2) -> Any:
-    return supervise("--cancel-grace", "2s", *args, queues=QUEUES, app=APP, concurrency=concurrency)
+def _start(supervise: Any, *args: str, concurrency: int = 2,
+           queues: tuple[str, ...] = QUEUES) -> Any:
+    return supervise("--cancel-grace", "2s", *args, queues=queues, app=APP, concurrency=concurrency)
 
 
 def _long(db: psycopg.Connection[Any], key: str, mode: str) -> int:
@@ -196,17 +196,24 @@ def test_attempt_logs_are_kept_bounded_and_followed(
 # ---- pause ------------------------------------------------------------------------------------
 
 def test_pause_and_resume_with_two_supervisors(db: psycopg.Connection[Any], supervise: Any) -> None:
-    sups = [_start(supervise, concurrency=1), _start(supervise, concurrency=1)]
+    # Both serve "probe" too, which stays unpaused: a job there shows that a claim was made.
+    sups = [_start(supervise, concurrency=1, queues=("ops", "probe")) for _ in range(2)]
     running = _long(db, "wait", "wait")
     _started(db, "wait")
     db.execute("SELECT atlantis.pause('ops', 'upstream down')")
     wait_for(lambda: all("queue ops is paused" in s.log() for s in sups),
              message="both to hear the pause")
     waiting = _long(db, "flaky", "flaky")
-    # Nothing is claimed from a paused queue: a claim would happen within one poll (0.2 s).
-    time.sleep(1.0)  # an absence can only be shown over some time; no timing is asserted
+    # Nothing is claimed from a paused queue. A job enqueued after it, of a lower priority,
+    # starts on the idle supervisor: a claim that looked at the paused queue would have
+    # taken the waiting job first (claims go by priority, then age).
+    probe = atlantis.enqueue(db, "ops.Long", {"key": "probe", "mode": "obey"}, queue="probe",
+                             priority=9)
+    _started(db, "probe")
     assert job_row(db, waiting)["state"] == "available"
     assert job_row(db, running)["state"] == "running"  # running attempts continue
+    atlantis.cancel(db, probe)  # the idle supervisor's one slot is free again
+    wait_state(db, probe, "cancelled")
     db.execute("SELECT atlantis.resume('ops')")
     wait_state(db, waiting, "complete")
     for sup in sups:

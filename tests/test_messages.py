@@ -1,11 +1,16 @@
-"""The typed protocol: every message round-trips; anything else is refused on arrival."""
+"""The typed protocol: every message round-trips; anything else is refused on arrival. The
+lease cell carries a child's last words back, whatever is in it."""
 
 from __future__ import annotations
+
+import mmap
+import os
 
 import orjson
 import pytest
 
 from atlantis.protocol.framing import HEADER, ProtocolError
+from atlantis.protocol.leasecell import MAX_WORDS, SIZE, LeaseCell
 from atlantis.protocol.messages import (
     MAX_EVENT_FRAME,
     Cancel,
@@ -17,9 +22,9 @@ from atlantis.protocol.messages import (
     Fatal,
     Fork,
     Forked,
-    Lease,
     Ready,
     Run,
+    Stopping,
     Unsafe,
     ZygoteFatal,
     ZygoteReady,
@@ -32,7 +37,7 @@ from atlantis.protocol.messages import (
 EVERY = [
     Run(job_id=1, job="a.B", queue="q", attempt=1, max_attempts=3, args='{"n": 1}',
         deadline="2026-01-01T00:00:00+00:00", lease_end=12.5, lease_margin=0.5, database_url=None),
-    Lease(job_id=1, lease_end=3.0), Cancel(job_id=1), Ready(pid=5, tree="ab"), Fatal(error="x"),
+    Cancel(job_id=1), Stopping(job_id=1), Ready(pid=5, tree="ab"), Fatal(error="x"),
     Checkpoint(job_id=1, pct=None, msg="m"), Checkpoint(job_id=1, pct=50.0, msg=""),
     Done(job_id=1, outcome="failed", error=ChildError(kind="args", message="m", traceback=None)),
     Done(job_id=1, outcome="snooze", delay=3.0), Done(job_id=1, outcome="complete", leftovers=["t"]),
@@ -67,6 +72,8 @@ FORGED = {
     "unknown type": {"t": "run-everything", "job_id": 1},
     "no type": {"job_id": 1},
     "huge message": {"t": "fatal", "error": "x" * 300_000},
+    "a lease frame (renewals go through the lease cell)": {"t": "lease", "job_id": 1,
+                                                           "lease_end": 3.0},
 }
 
 
@@ -98,3 +105,49 @@ def test_clean_removes_nul_and_escapes_lone_surrogates() -> None:
     assert clean("x\ud800y") == "x\\ud800y"
     assert clean("plain é") == "plain é"
     orjson.dumps(clean("\udcff\x00"))
+
+
+def test_a_child_may_not_be_sent_a_lease_frame_any_more() -> None:
+    reader = EventReader(expect=(Run, Cancel, Stopping))  # as the child's watchdog reads
+    with pytest.raises(ProtocolError, match="unknown message type 'lease'"):
+        reader.feed(HEADER.pack(len(b := orjson.dumps({"t": "lease", "job_id": 1,
+                                                        "lease_end": 3.0}))) + b)
+
+
+@pytest.fixture
+def cells() -> tuple[LeaseCell, LeaseCell, mmap.mmap]:
+    """The supervisor's cell, the child's, and the raw page they share (one memfd)."""
+    ours, fd = LeaseCell.create()
+    try:
+        return ours, LeaseCell(fd), mmap.mmap(fd, SIZE)
+    finally:
+        os.close(fd)  # the mappings outlive the descriptor
+
+
+def test_the_lease_cell_carries_the_lease_one_way_and_last_words_the_other(
+        cells: tuple[LeaseCell, LeaseCell, mmap.mmap]) -> None:
+    ours, theirs, _ = cells
+    assert (theirs.get(), ours.last_words()) == (0.0, "")
+    ours.set(12.5)
+    assert theirs.get() == 12.5
+    theirs.set_last_words("the child lost its control pipe ([Errno 9] Bad file descriptor)")
+    theirs.set_last_words("no lease renewal reached this child before the lease's end")
+    assert ours.last_words() == "no lease renewal reached this child before the lease's end"
+    assert ours.get() == 12.5  # the words leave the lease alone
+    theirs.set_last_words("x" + "é" * MAX_WORDS)  # cut to fit, on a character's boundary
+    assert MAX_WORDS % 2 == 0 and ours.last_words() == "x" + "é" * (MAX_WORDS // 2 - 1)
+    theirs.set_last_words("nul \x00 and \ud800")
+    assert ours.last_words() == "nul  and \\ud800"
+    ours.close()
+    theirs.close()
+    assert ours.last_words() == ""
+    theirs.set_last_words("after close: ignored, never raised")
+
+
+def test_last_words_are_read_safely_whatever_the_child_left_in_its_memory(
+        cells: tuple[LeaseCell, LeaseCell, mmap.mmap]) -> None:
+    ours, _, raw = cells
+    raw[8:16] = b"\xff\xff\xff\xff" + b"\xff\x00ab"  # a length past the page; not UTF-8, NUL
+    words = ours.last_words()
+    assert words.startswith("\\xffab") and len(words) <= MAX_WORDS
+    orjson.dumps(words)

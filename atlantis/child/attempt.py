@@ -47,7 +47,7 @@ from atlantis.child.text import (
 )
 from atlantis.child.tree import descendants, kill_descendants
 from atlantis.child.watchdog import Watchdog
-from atlantis.context import JobContext
+from atlantis.context import AttemptFlags, JobContext
 from atlantis.declarations.values import ArgsError, decode_args
 from atlantis.errors import Discard, Snooze
 from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, Run
@@ -194,7 +194,8 @@ async def _await(aw: Any) -> None:
     await aw
 
 
-def _context(run: Run, channel: Channel, owner: int, open_: list[bool]) -> JobContext:
+def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
+             open_: list[bool]) -> JobContext:
     def sink(pct: float, text: str) -> None:
         if os.getpid() != owner:
             raise RuntimeError("checkpoint from a process the handler forked: not sent")
@@ -211,24 +212,28 @@ def _context(run: Run, channel: Channel, owner: int, open_: list[bool]) -> JobCo
         deadline=datetime.fromisoformat(run.deadline),
         logger=logging.getLogger(f"atlantis.job.{run.job}"),
         database_url=run.database_url,
+        flags=flags,
         _sink=sink,
     )
 
 
-def run_attempt(registry: Registry, run: Run, channel: Channel, watchdog: Watchdog,
-                term: TermSignal) -> tuple[Done, bool]:
-    """Run one attempt; returns its result and whether this child must exit after it."""
+def run_attempt(registry: Registry, run: Run, flags: AttemptFlags, channel: Channel,
+                watchdog: Watchdog, term: TermSignal) -> tuple[Done, bool]:
+    """Run one attempt; returns its result and whether this child must exit after it.
+
+    ``flags`` are the ones the watchdog made with ``run``: the handler's ``ctx.cancelled``
+    and ``ctx.stopping``."""
     owner = os.getpid()
     channel.job_id = run.job_id
     open_ = [True]
     try:
         try:
-            ctx = _context(run, channel, owner, open_)
+            ctx = _context(run, flags, channel, owner, open_)
         except Exception as exc:  # a Run this child cannot make sense of
             return Done(job_id=run.job_id, outcome="failed", error=child_error(
                 "exception", f"the child could not start the attempt: {describe(exc)}", exc)), False
         baseline = Baseline()
-        watchdog.attempt_started(ctx)
+        watchdog.attempt_started()
         try:
             done = _call(registry.registrations.get(run.job), run, ctx, term)
         finally:

@@ -5,8 +5,8 @@ handler calls ``ctx.checkpoint`` in, hence the lock. A message that cannot be en
 never reaches the pipe: a ``Done`` is replaced by a plain failure saying so, a checkpoint
 is dropped (the caller gets the error). A pipe that can no longer be written (the handler
 closed the descriptor, the supervisor went away, the descriptor now names another file)
-ends the child at once with :data:`~atlantis.child.exits.EXIT_PROTOCOL` after a line on
-stderr: nothing it could do next would be reported.
+ends the child at once with :data:`~atlantis.child.exits.EXIT_PROTOCOL` after its last
+words (:func:`~atlantis.child.exits.last_words`): nothing it could do next would be reported.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import os
 import threading
 from typing import NoReturn
 
-from atlantis.child.exits import EXIT_PROTOCOL, TermSignal, exit_now, say
+from atlantis.child.exits import EXIT_PROTOCOL, TermSignal, exit_now, last_words
 from atlantis.child.text import describe, text_of
 from atlantis.child.tree import kill_descendants
 from atlantis.protocol.framing import HEADER
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
     MAX_EVENT_FRAME,
     ChildError,
@@ -42,12 +43,14 @@ def _frame(msg: FromChild) -> bytes | None:
 
 
 class Channel:
-    """Writes frames to the events pipe."""
+    """Writes frames to the events pipe; ``cell`` takes its last words should it be lost."""
 
-    def __init__(self, fd: int, term: TermSignal | None = None) -> None:
+    def __init__(self, fd: int, term: TermSignal | None = None,
+                 cell: LeaseCell | None = None) -> None:
         self._fd = fd
         self._lock = threading.Lock()
         self._term = term
+        self._cell = cell
         self._identity = identity(fd)
         self.job_id: int | None = None
         """The attempt running now, for the last words should the pipe be lost."""
@@ -96,9 +99,8 @@ class Channel:
                 self._term.end_write()
 
     def _lost(self, exc: OSError) -> NoReturn:
-        job = "-" if self.job_id is None else self.job_id
-        say(f"atlantis: job={job}: the child lost its events pipe ({text_of(exc)}); "
-            f"stopping the attempt and exiting with code {EXIT_PROTOCOL}")
+        last_words(self._cell, self.job_id, f"the child lost its events pipe ({text_of(exc)})",
+                   f"stopping the attempt and exiting with code {EXIT_PROTOCOL}")
         try:
             kill_descendants()
         finally:

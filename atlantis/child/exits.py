@@ -1,4 +1,9 @@
-"""How the child ends: its exit codes, SIGTERM, and its last words on stderr.
+"""How the child ends: its exit codes, SIGTERM, and its last words.
+
+When the child stops an attempt itself (the table's 4 and -9), it first says why: in the
+lease cell, where the supervisor reads it for the error of the crash
+(:meth:`~atlantis.protocol.leasecell.LeaseCell.last_words`), and in a line on stderr for
+people, ``atlantis: job=N: <why>; stopping the attempt``.
 
 Exit statuses of a child (``Popen.returncode`` as the supervisor sees them):
 
@@ -10,11 +15,11 @@ Exit statuses of a child (``Popen.returncode`` as the supervisor sees them):
 3     :data:`EXIT_APP_ERROR`: the app could not be loaded (a ``Fatal`` message says why)
 4     :data:`EXIT_PROTOCOL`: the events pipe is unusable (closed by the handler, EPIPE, or its
       descriptor now names another file); nothing more can be reported, so the child stops
-      its descendants and leaves, after a line on stderr
+      its descendants and leaves, after its last words
 -9    killed by its own SIGKILL sweep (:func:`atlantis.child.tree.kill_group`): no lease
       renewal in time, the control pipe lost, corrupt or at EOF, the parent died, or the
-      watchdog thread failed; a line on stderr says which (except at EOF: nobody is left to
-      read it)
+      watchdog thread failed; its last words say which (except at EOF: nobody is left to
+      read them)
 -15   SIGTERM between attempts
 ====  ==========================================================================================
 """
@@ -28,6 +33,8 @@ import sys
 import threading
 from types import FrameType
 from typing import NoReturn
+
+from atlantis.protocol.leasecell import LeaseCell
 
 EXIT_ORPHANED = 1
 EXIT_APP_ERROR = 3
@@ -132,6 +139,15 @@ def say(line: str) -> None:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def last_words(cell: LeaseCell | None, job: int | None, why: str,
+               then: str = "stopping the attempt") -> None:
+    """Say why this child stops its attempt itself: to the supervisor through ``cell``
+    first (that never blocks), then on stderr (``atlantis: job=N: <why>; <then>``)."""
+    if cell is not None:
+        cell.set_last_words(why)
+    say(f"atlantis: job={'-' if job is None else job}: {why}; {then}")
 
 
 def exit_now(code: int) -> NoReturn:

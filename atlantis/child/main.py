@@ -1,13 +1,15 @@
 """The child process: load the app once, then run one attempt at a time.
 
-``python -m atlantis.child --app A --control-fd N --events-fd M``. Two threads: the main
-thread runs handlers (:mod:`atlantis.child.attempt`); the watchdog thread owns the control
-pipe and enforces the lease (:mod:`atlantis.child.watchdog`). The process leads its own
-tree (:mod:`atlantis.child.tree`); its exit codes are listed in :mod:`atlantis.child.exits`.
+``python -m atlantis.child --app A --control-fd N --events-fd M --lease-fd L`` (the lease
+cell, :mod:`atlantis.protocol.leasecell`). Two threads: the main thread runs handlers
+(:mod:`atlantis.child.attempt`); the watchdog thread owns the control pipe and enforces the
+lease (:mod:`atlantis.child.watchdog`). The process leads its own tree
+(:mod:`atlantis.child.tree`); its exit codes are listed in :mod:`atlantis.child.exits`.
 
 Protocol (:mod:`atlantis.protocol.messages`): the child sends ``Ready`` once the app is
 imported (or ``Fatal`` and exits with :data:`EXIT_APP_ERROR`), then for every ``Run`` any
-number of ``Checkpoint`` and exactly one ``Done``, unless it dies first.
+number of ``Checkpoint`` and exactly one ``Done``, unless it dies first (saying why in the
+lease cell when it stops the attempt itself).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from atlantis.child.text import MAX_ERROR_CHARS, child_error, describe, text_of
 from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent
 from atlantis.child.watchdog import Watchdog
 from atlantis.errors import ConfigurationError
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import Done, Fatal, Ready, clip
 from atlantis.registry import Registry
 
@@ -58,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", required=True)
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--events-fd", type=int, required=True)
-    parser.add_argument("--lease-fd", type=int, default=None,
-                        help="a memfd holding the lease's end (else only Lease frames renew)")
+    parser.add_argument("--lease-fd", type=int, required=True,
+                        help="the lease cell: a memfd shared with the supervisor "
+                             "(atlantis.protocol.leasecell)")
     opts = parser.parse_args(argv)
     die_with_parent()
     for fd in (opts.control_fd, opts.events_fd, opts.lease_fd):
-        if fd is not None:
-            os.set_inheritable(fd, False)
+        os.set_inheritable(fd, False)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     return serve(registry, opts.control_fd, opts.events_fd, opts.lease_fd)
 
 
-def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | None = None,
+def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
           reused: bool = True) -> int:
     """Announce readiness, then run attempts until the control pipe closes.
 
@@ -86,15 +89,17 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | N
     it owns after each attempt, before its ``Done`` (:mod:`atlantis.child.state`); one
     that cannot says why in that ``Done`` (``retire``) and exits.
     """
+    cell = LeaseCell(lease_fd)  # mapped: the descriptor is not needed any more
+    os.close(lease_fd)
     term = TermSignal()
-    channel = Channel(events_fd, term)
+    channel = Channel(events_fd, term, cell)
     adopt_orphans()
     # Every process started from here on inherits this mark: should this process die
     # before it could clean up (a crash, os._exit, SIGKILL), the supervisor finds by it the
     # descendants that left the process group and were re-parented away.
     tree = secrets.token_hex(8)
     os.environ[TREE_VARIABLE] = tree
-    watchdog = Watchdog(control_fd, lease_fd)
+    watchdog = Watchdog(control_fd, cell)
     watchdog.start()
     # The jobs it can run: the supervisor hands it no other (a reload may add or remove some).
     channel.send(Ready(pid=os.getpid(), tree=tree, jobs="\n".join(sorted(registry.registrations))))
@@ -104,12 +109,12 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int | N
     while True:
         term.idle = True
         try:
-            run = watchdog.next_run()
+            run, flags = watchdog.next_run()
         except KeyboardInterrupt:
             return 0
         term.reset()
         try:
-            done, must_exit = run_attempt(registry, run, channel, watchdog, term)
+            done, must_exit = run_attempt(registry, run, flags, channel, watchdog, term)
         except BaseException as exc:  # the child's own failure, after the handler: say so
             term.armed = False
             done, must_exit = Done(job_id=run.job_id, outcome="failed", error=child_error(

@@ -14,13 +14,12 @@ import math
 import traceback
 from collections.abc import Callable
 
-from atlantis import limits
 from atlantis.child.exits import Terminated
+from atlantis.limits import MAX_ERROR_TEXT
 from atlantis.protocol.messages import ChildError, ErrorKind, clean, clip
 
-#: Error messages and tracebacks past this size are cut (a 10 MB message would otherwise be
-#: stored, twice, in the row's ``errors`` and ``last_error``).
-MAX_ERROR_CHARS = limits.MAX_ERROR_TEXT
+#: Error messages and tracebacks past this size are cut (see :mod:`atlantis.limits`).
+MAX_ERROR_CHARS = MAX_ERROR_TEXT
 #: Checkpoint messages are cut to this (the server keeps 256 characters).
 MAX_CHECKPOINT_CHARS = 1024
 #: A leftover's description is cut to this.

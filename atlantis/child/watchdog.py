@@ -1,16 +1,17 @@
 """The watchdog: reads the control pipe and enforces the lease on its own.
 
-Control frames (``Run``, ``Lease``, ``Cancel``, ``Stopping``) arrive on one pipe, read by
-one thread at a time:
+Control frames (``Run``, ``Cancel``, ``Stopping``) arrive on one pipe, read by one thread at
+a time:
 
 - between attempts the main thread reads it itself (:meth:`Watchdog.next_run`), so a
   ``Run`` starts with a single wake-up, not a hand-over between two threads;
-- during an attempt the watchdog thread reads it: it marks the attempt cancelled or
-  stopping, and applies ``Lease`` frames (a child started without a lease cell). It takes
-  the pipe over once the attempt has run :data:`TAKEOVER` (a short attempt ends before
-  that and costs the thread nothing), or at once when the lease ends before its next look.
+- during an attempt the watchdog thread reads it: a ``Cancel`` or ``Stopping`` sets the
+  attempt's :class:`~atlantis.context.AttemptFlags` (made with its ``Run``, read by the
+  handler as ``ctx.cancelled`` and ``ctx.stopping``). It takes the pipe over once the
+  attempt has run :data:`TAKEOVER` (a short attempt ends before that and costs the thread
+  nothing), or at once when the lease ends before its next look.
 
-The supervisor's renewals come through the shared lease cell
+The supervisor's renewals come only through the shared lease cell
 (:mod:`atlantis.protocol.leasecell`), read whenever the known lease nears its end, so
 they wake nobody.
 
@@ -18,7 +19,8 @@ If no renewal arrives before the lease's end minus a margin (the supervisor may 
 paused, swapped out or wedged), the watchdog kills this process tree, so the attempt is
 dead before any other worker may claim the row; a ``Run`` whose lease is already past
 that point kills it before the handler starts. It is woken in time for that whatever
-else it waits for. It kills the tree too, after a line on stderr, when:
+else it waits for. It kills the tree too, after its last words
+(:func:`~atlantis.child.exits.last_words`), when:
 
 - the control pipe reaches EOF (the supervisor died; quietly, nobody is left to read it);
 - a control frame is malformed ("corrupt control stream");
@@ -39,13 +41,13 @@ from collections import deque
 from typing import NoReturn
 
 from atlantis.child.channel import identity
-from atlantis.child.exits import say
+from atlantis.child.exits import last_words
 from atlantis.child.text import describe
 from atlantis.child.tree import kill_group
-from atlantis.context import JobContext
+from atlantis.context import AttemptFlags
 from atlantis.protocol.framing import MAX_FRAME, ProtocolError
 from atlantis.protocol.leasecell import LeaseCell
-from atlantis.protocol.messages import Cancel, EventReader, Lease, Run, Stopping
+from atlantis.protocol.messages import Cancel, EventReader, Run, Stopping
 
 #: How often, at the least, the control pipe is checked to still be there.
 CHECK_INTERVAL = 1.0
@@ -57,27 +59,23 @@ _POLL_BROKEN = select.POLLNVAL | select.POLLERR
 
 
 class Watchdog(threading.Thread):
-    def __init__(self, control_fd: int, lease_fd: int | None = None) -> None:
+    def __init__(self, control_fd: int, cell: LeaseCell) -> None:
         super().__init__(name="atlantis-watchdog", daemon=True)
         self._fd = control_fd
-        self._cell: LeaseCell | None = None
-        if lease_fd is not None:
-            self._cell = LeaseCell(lease_fd)  # mapped: the descriptor is not needed any more
-            os.close(lease_fd)
+        self._cell = cell
         self._identity = identity(control_fd)
         os.set_blocking(control_fd, False)
         # The main thread wakes the watchdog thread through this pipe, when it must look
         # sooner than it would on its own (a lease ending soon, a long attempt starting).
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_ids = identity(self._wake_r), identity(self._wake_w)
-        self._reader = EventReader(max_frame=MAX_FRAME, expect=(Run, Lease, Cancel, Stopping))
-        self._runs: deque[Run] = deque()
+        self._reader = EventReader(max_frame=MAX_FRAME, expect=(Run, Cancel, Stopping))
+        self._runs: deque[tuple[Run, AttemptFlags]] = deque()
         self._lock = threading.Lock()  # the state below, and reading the pipe
         self._job_id: int | None = None
+        self._flags: AttemptFlags | None = None  # the job_id's
         self._lease_end = math.inf
         self._margin = 0.0
-        self._cancelled: int | None = None
-        self._stopping: int | None = None
         self._began: float | None = None  # monotonic start of the running attempt
         # One poll object per thread: CPython refuses concurrent calls on one.
         self._main_poller = select.poll()
@@ -87,12 +85,12 @@ class Watchdog(threading.Thread):
         self._busy_poller = select.poll()
         self._busy_poller.register(self._wake_r, select.POLLIN)
         self._busy_poller.register(self._fd, select.POLLIN | select.POLLHUP)
-        self.ctx: JobContext | None = None
 
     # ---- the main thread -------------------------------------------------------------------
 
-    def next_run(self) -> Run:
-        """Wait for the next ``Run``, reading the control pipe (main thread, between attempts).
+    def next_run(self) -> tuple[Run, AttemptFlags]:
+        """Wait for the next ``Run``, reading the control pipe (main thread, between attempts);
+        with it, the flags its ``Cancel`` and ``Stopping`` set, for the handler's context.
 
         Raises KeyboardInterrupt on SIGINT; ends the process as the watchdog thread would
         on EOF, a corrupt frame or a lost pipe.
@@ -107,18 +105,13 @@ class Watchdog(threading.Thread):
                 with self._lock:
                     self._read()
 
-    def attempt_started(self, ctx: JobContext) -> None:
+    def attempt_started(self) -> None:
         with self._lock:
-            self.ctx = ctx
             self._began = time.monotonic()
             if self._known_end() - self._margin <= self._began:
                 # Nothing of a handler may run on a lease that is over (a supervisor that
                 # was stalled, a Run that came late): another worker may have the row.
                 self._stop("the lease had ended before the attempt could start")
-            if self._cancelled == ctx.job_id:  # a cancel that came before the handler started
-                ctx._cancelled = True
-            if self._stopping == ctx.job_id:
-                ctx._stopping = True
             # Short attempts end before the thread would take the pipe over: leave it
             # asleep, unless the lease ends before its next look. Renewals come through
             # the lease cell, so a long attempt needs the thread on the pipe only for a
@@ -131,10 +124,8 @@ class Watchdog(threading.Thread):
         with self._lock:
             self._began = None
             self._job_id = None
+            self._flags = None
             self._lease_end = math.inf
-            self._cancelled = None
-            self._stopping = None
-            self.ctx = None
 
     def _poke(self) -> None:
         try:
@@ -189,9 +180,9 @@ class Watchdog(threading.Thread):
     # ---- either thread ---------------------------------------------------------------------
 
     def _known_end(self) -> float:
-        """The lease's end as frames and the cell tell it (with the lock held). The cell
+        """The lease's end as the ``Run`` and the cell tell it (with the lock held). The cell
         counts only once a ``Run`` came: the supervisor sets it before writing one."""
-        if self._cell is not None and self._job_id is not None:
+        if self._job_id is not None:
             self._lease_end = max(self._lease_end, self._cell.get())
         return self._lease_end
 
@@ -223,8 +214,7 @@ class Watchdog(threading.Thread):
             self._handle(msg)
 
     def _stop(self, why: str) -> NoReturn:
-        job = "-" if self._job_id is None else self._job_id
-        say(f"atlantis: job={job}: {why}; stopping the attempt")
+        last_words(self._cell, self._job_id, why)
         kill_group()
 
     def _lost(self, exc: OSError) -> NoReturn:
@@ -233,18 +223,13 @@ class Watchdog(threading.Thread):
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Run):
             self._job_id = msg.job_id
+            self._flags = AttemptFlags()
             self._lease_end = msg.lease_end
             self._margin = msg.lease_margin
-            self._cancelled = None
-            self._stopping = None
-            self._runs.append(msg)
-        elif isinstance(msg, Lease) and msg.job_id == self._job_id:
-            self._lease_end = max(self._lease_end, msg.lease_end)
+            self._runs.append((msg, self._flags))
+        elif self._flags is None:  # no attempt since the last ended: nothing to cancel
+            return
         elif isinstance(msg, Cancel) and msg.job_id == self._job_id:
-            self._cancelled = msg.job_id
-            if self.ctx is not None and self.ctx.job_id == msg.job_id:
-                self.ctx._cancelled = True
+            self._flags.cancelled = True
         elif isinstance(msg, Stopping) and msg.job_id == self._job_id:
-            self._stopping = msg.job_id
-            if self.ctx is not None and self.ctx.job_id == msg.job_id:
-                self.ctx._stopping = True
+            self._flags.stopping = True

@@ -9,8 +9,9 @@ malformed message.
 
 supervisor -> child (control pipe)
   Run        an attempt to run; ``args`` is the row's JSON text, untouched (the child
-             decodes it against the declaration; the supervisor never does)
-  Lease      the lease was renewed; ``lease_end`` is CLOCK_MONOTONIC
+             decodes it against the declaration; the supervisor never does); ``lease_end``
+             is CLOCK_MONOTONIC. Renewals go through the lease cell, not the pipe
+             (:mod:`atlantis.protocol.leasecell`)
   Cancel     ctx.cancelled becomes true (an operator cancelled the job)
   Stopping   ctx.stopping becomes true (the supervisor drains; not a cancel)
 child -> supervisor (events pipe)
@@ -20,6 +21,9 @@ child -> supervisor (events pipe)
   Checkpoint progress; ``pct`` None stands for NaN
   Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
              ``retire`` says why the child will run no other attempt
+child -> supervisor (lease cell, read once the child is gone)
+  last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
+             written to shared memory, which no closed descriptor or full pipe can stop
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
   Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe
 """
@@ -71,13 +75,6 @@ class Run:
     lease_margin: float
     database_url: str | None = field(default=None, repr=False)
     t: Literal["run"] = "run"
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    job_id: int
-    lease_end: float
-    t: Literal["lease"] = "lease"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +167,7 @@ class Unsafe:
     t: Literal["unsafe"] = "unsafe"
 
 
-ToChild = Run | Lease | Cancel | Stopping
+ToChild = Run | Cancel | Stopping
 FromChild = Ready | Fatal | Checkpoint | Done
 ToZygote = Fork
 FromZygote = Forked | Exited | ZygoteReady | ZygoteFatal | Unsafe
@@ -181,7 +178,7 @@ _UNBOUNDED = frozenset({"run.args"})
 
 _TYPES: dict[str, type[Any]] = {
     str(cls.__dataclass_fields__["t"].default): cls
-    for cls in (Run, Lease, Cancel, Stopping, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
+    for cls in (Run, Cancel, Stopping, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
                 ZygoteReady, ZygoteFatal, Unsafe)
 }
 _HINTS: dict[type[Any], dict[str, Any]] = {

@@ -74,7 +74,7 @@ class Child:
     err_fd: int
     output: OutputLog
     lease_cell: LeaseCell
-    """Where the child's watchdog reads its lease's end (:mod:`atlantis.protocol.leasecell`)."""
+    """The lease's end for the child; its last words for us (:mod:`atlantis.protocol.leasecell`)."""
     pid: int = 0
     """0 until a zygote has forked it."""
     returncode: int | None = None

@@ -10,15 +10,10 @@ when the attempt ends.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
-
-#: The line a child writes before it stops an attempt itself (atlantis/child/watchdog.py,
-#: channel.py): the reason, without the prefix and the "stopping the attempt" tail.
-_LAST_WORDS = re.compile(r"atlantis: job=[^:]+: (.+?)(?:; stopping the attempt.*)?")
 
 out_log = logging.getLogger("atlantis.output")
 log = logging.getLogger("atlantis.supervisor")
@@ -48,9 +43,6 @@ class OutputLog:
     sink: Callable[[Label, str, str], None] | None = None
     """Also receives every logged line of an attempt (to keep it in the database)."""
     dropped: int = 0
-    last_words: str = ""
-    """Why the child said, last, on stderr, that it stops the current attempt (its
-    ``atlantis: job=N: ...; stopping the attempt`` line), for the error of its crash."""
     _tokens: float = 0.0
     _refilled: float = field(default_factory=time.monotonic)
     _partial: dict[str, bytearray] = field(default_factory=dict)
@@ -58,7 +50,6 @@ class OutputLog:
     def begin(self, label: Label) -> None:
         self.label = label
         self.dropped = 0
-        self.last_words = ""
         self._tokens = self.rate * 10
         self._refilled = time.monotonic()
 
@@ -103,10 +94,6 @@ class OutputLog:
         return False
 
     def _emit(self, line: bytes, stream: str) -> None:
-        if stream == "stderr" and line.startswith(b"atlantis: job="):
-            said = _LAST_WORDS.fullmatch(line.rstrip(b"\r").decode("utf-8", "backslashreplace"))
-            if said:
-                self.last_words = said.group(1)
         if not self._allowed():
             return
         # NUL is escaped like a byte that is not UTF-8: neither a log file nor PostgreSQL's

@@ -39,6 +39,7 @@ Failures the child reports and survives:
   sent, says ``<unprintable>``).
 - ``sleep``: sleeps up to 20 s; once ``ctx.cancelled`` turns true it raises
   ``Discard("saw the cancel")`` instead. For leases, cancels, SIGTERM and timeouts.
+- ``announce-sleep``: prints ``handler ran: job N``, then does as ``sleep``.
 - ``setsid``: ``os.setsid()``, returns; ``complete``. Only a child that does not lead its
   own session can: it then reports ``retire`` (out of reach of a kill of its group) and
   exits 0. In one that does (as every supervised child), ``failed`` with PermissionError.
@@ -163,6 +164,9 @@ def misbehave(ctx: atlantis.JobContext, args: Any) -> None:
         except Exception:  # see checkpoint-unprintable
             pass
         return
+    if mode == "announce-sleep":
+        print(f"handler ran: job {ctx.job_id}", flush=True)
+        mode = "sleep"
     if mode == "sleep":
         end = time.monotonic() + 20
         while time.monotonic() < end:
