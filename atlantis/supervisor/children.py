@@ -106,6 +106,11 @@ class Child:
         the shared cell: no frame, no wake-up."""
         self.lease_cell.set(lease_end)
 
+    def last_words(self) -> str:
+        """Why the child stopped itself, if it did (it writes that in its lease cell before
+        it goes: the cell outlives its pipes); empty otherwise."""
+        return self.lease_cell.last_words()
+
     def clear_lease(self) -> None:
         """The attempt ended on the supervisor's side: its lease is nothing to the child now."""
         self.lease_cell.set(0.0)

@@ -319,7 +319,7 @@ class Pool(Service):
         if a is not None:
             self._end(child, a, policy.decide_exit(a.facts, rt.limits, code, a.stop_reason,
                                                    a.stop_detail, cancelled=a.cancelling,
-                                                   said=child.lease_cell.last_words()))
+                                                   said=child.last_words()))
         if child.state == "starting":
             self._start_failed(f"child {child.pid} exited before it was ready "
                                f"({policy.describe_exit(code)})")
