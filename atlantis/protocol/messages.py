@@ -25,7 +25,7 @@ child -> supervisor (lease cell, read once the child is gone)
   last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
              written to shared memory, which no closed descriptor or full pipe can stop
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
-  Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe
+  Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe (each says what it means)
 """
 
 from __future__ import annotations
@@ -79,12 +79,16 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
+    """An operator cancelled the job: ``ctx.cancelled`` becomes true."""
+
     job_id: int
     t: Literal["cancel"] = "cancel"
 
 
 @dataclass(frozen=True, slots=True)
 class Stopping:
+    """The supervisor drains: ``ctx.stopping`` becomes true (not a cancel)."""
+
     job_id: int
     t: Literal["stopping"] = "stopping"
 
@@ -131,12 +135,16 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Fork:
+    """Supervisor to zygote: fork a worker onto the descriptors sent with this packet."""
+
     token: int
     t: Literal["fork"] = "fork"
 
 
 @dataclass(frozen=True, slots=True)
 class Forked:
+    """The zygote forked the worker asked for by ``token``."""
+
     token: int
     pid: int
     t: Literal["forked"] = "forked"
@@ -144,6 +152,8 @@ class Forked:
 
 @dataclass(frozen=True, slots=True)
 class Exited:
+    """A worker the zygote forked exited (the zygote reaps them)."""
+
     pid: int
     code: int
     t: Literal["exit"] = "exit"
@@ -151,18 +161,24 @@ class Exited:
 
 @dataclass(frozen=True, slots=True)
 class ZygoteReady:
+    """The zygote imported the app and forks on request."""
+
     pid: int
     t: Literal["zready"] = "zready"
 
 
 @dataclass(frozen=True, slots=True)
 class ZygoteFatal:
+    """The zygote could not import the app; it exits."""
+
     error: str
     t: Literal["zfatal"] = "zfatal"
 
 
 @dataclass(frozen=True, slots=True)
 class Unsafe:
+    """Forking this app is unsafe (it has threads after import): fresh interpreters instead."""
+
     reason: str
     t: Literal["unsafe"] = "unsafe"
 

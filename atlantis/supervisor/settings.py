@@ -136,6 +136,7 @@ class Settings:
                                  default=60.0, hidden=True)
 
     # ---- tuning: hidden, each bounding a cost or a wait --------------------------------------
+    # How much at once: children starting, rows a statement writes, trees counted.
     start_at_once: int = _opt("int", "Children starting (an interpreter importing the app, or a "
                               "fork) at one time, at most: hundreds starting at once would "
                               "starve the lease renewals of CPU.",
@@ -152,6 +153,7 @@ class Settings:
     rss_per_refresh: int = _opt("int", "Children whose memory a refresh of the worker row reads "
                                 "at most (those read least recently first).", default=100,
                                 hidden=True)
+    # Schedules and services: how much a round hands over, how long failures back off.
     schedule_due_max: int = _opt("int", "Slots of one schedule handed to the database per round "
                                  "at most.", default=500, hidden=True)
     schedule_retry_max: float = _opt("duration", "Longest wait before a refused schedule slot is "
@@ -162,6 +164,7 @@ class Settings:
                                  "be stored.", default=60.0, hidden=True)
     fork_timeout: float = _opt("duration", "--isolation fresh: a fork the zygote has not reported "
                                "within this is given up.", default=10.0, hidden=True)
+    # The database connections: how long to wait, how to retry, how often to say so.
     connect_timeout: float = _opt("duration", "The longest one connection attempt to the database "
                                   "may take (a half-open link never answers).", default=5.0,
                                   hidden=True)
@@ -171,6 +174,7 @@ class Settings:
                                 "of one connection.", default=1.0, hidden=True)
     outage_report_every: float = _opt("duration", "While the database stays unreachable, the log "
                                       "says so again this often.", default=30.0, hidden=True)
+    # The ledger: how long a lost attempt's row is remembered.
     lost_kept_for: float = _opt("duration", "A lost attempt's row is never given back as an "
                                 "orphan for this long after the loss (unless rescued or claimed "
                                 "again sooner).", default=3600.0, hidden=True)
