@@ -211,7 +211,7 @@ class Pool(Service):
             return None
         return self.ledger.attempt_of(label.job_id, child)
 
-    def _end(self, child: Child, a: Attempt, outcome: policy.Verdict) -> None:
+    def _end(self, child: Child, a: Attempt, verdict: policy.Verdict) -> None:
         if child.label is not None:
             a.log_lines, a.log_dropped = self.logs.ended(child.label)
             a.log_dropped += child.output.dropped
@@ -220,7 +220,7 @@ class Pool(Service):
         child.label = None
         child.output.end()
         a.child = None
-        self.ledger.end(a, outcome)
+        self.ledger.end(a, verdict)
 
     # ---- what children report (called from the event loop's readers) ---------------------
 
