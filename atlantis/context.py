@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from atlantis.limits import MAX_CHECKPOINT_CHARS
+
 #: Checkpoints closer together than this are coalesced in the child; the last one always
 #: reaches the supervisor before the attempt's result does.
 CHECKPOINT_INTERVAL = 0.2
@@ -52,7 +54,8 @@ class JobContext:
     database_url: str | None = field(default=None, repr=False)
     flags: AttemptFlags = field(default_factory=AttemptFlags, repr=False)
     """Set by atlantis (the child's watchdog); read them as ``cancelled`` and ``stopping``."""
-    _sink: ProgressSink | None = field(default=None, repr=False)
+    sink: ProgressSink | None = field(default=None, repr=False)
+    """Where checkpoints go (set by atlantis: the child's events pipe)."""
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
 
@@ -101,11 +104,11 @@ class JobContext:
         return self._send(value, text)
 
     def _send(self, pct: float, msg: str) -> Exception | None:
-        if self._sink is None:
+        if self.sink is None:
             return RuntimeError("checkpoint outside a supervised attempt")
-        # Keep the frame small; the server truncates to 256 characters anyway.
+        # Keep the frame small; the row keeps fewer characters anyway.
         try:
-            self._sink(pct, msg[:1024])
+            self.sink(pct, msg[:MAX_CHECKPOINT_CHARS])
         except Exception as exc:
             return exc
         return None

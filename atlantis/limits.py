@@ -13,6 +13,10 @@ MAX_ERROR_TEXT = 64 * 1024
 #: A checkpoint's message is kept to this many characters.
 MAX_PROGRESS_MSG = 256
 
+#: A checkpoint's message crosses from the child to the supervisor cut to this many
+#: characters (a small frame; the row keeps :data:`MAX_PROGRESS_MSG` of them).
+MAX_CHECKPOINT_CHARS = 1024
+
 #: jsonb in args (and a declared default) nests at most this deep.
 MAX_DEPTH = 64
 

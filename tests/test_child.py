@@ -30,7 +30,6 @@ import pytest
 from atlantis.child.channel import Channel
 from atlantis.child.exits import EXIT_APP_ERROR, EXIT_PROTOCOL
 from atlantis.child.text import (
-    MAX_CHECKPOINT_CHARS,
     MAX_ERROR_CHARS,
     MAX_SNOOZE,
     checkpoint_msg,
@@ -42,6 +41,7 @@ from atlantis.child.text import (
 )
 from atlantis.child.tree import last_pid
 from atlantis.context import AttemptFlags, JobContext
+from atlantis.limits import MAX_CHECKPOINT_CHARS
 from atlantis.protocol.framing import HEADER
 from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (

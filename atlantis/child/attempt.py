@@ -213,7 +213,7 @@ def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
         logger=logging.getLogger(f"atlantis.job.{run.job}"),
         database_url=run.database_url,
         flags=flags,
-        _sink=sink,
+        sink=sink,
     )
 
 

@@ -15,13 +15,11 @@ import traceback
 from collections.abc import Callable
 
 from atlantis.child.exits import Terminated
-from atlantis.limits import MAX_ERROR_TEXT
+from atlantis.limits import MAX_CHECKPOINT_CHARS, MAX_ERROR_TEXT
 from atlantis.protocol.messages import ChildError, ErrorKind, clean, clip
 
 #: Error messages and tracebacks past this size are cut (see :mod:`atlantis.limits`).
 MAX_ERROR_CHARS = MAX_ERROR_TEXT
-#: Checkpoint messages are cut to this (the server keeps 256 characters).
-MAX_CHECKPOINT_CHARS = 1024
 #: A leftover's description is cut to this.
 MAX_LEFTOVER_CHARS = 200
 #: The longest snooze the child reports: ten years (the supervisor clamps further).
