@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -57,6 +57,15 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def print_json(doc: Any) -> None:
     """``--json`` output: ``doc`` as indented JSON on stdout."""
     click.echo(orjson.dumps(doc, default=json_default, option=orjson.OPT_INDENT_2).decode())
+
+
+def show_rows(rows: Sequence[_Row], as_json: bool, document: Callable[[_Row], Any],
+              table: Callable[[Sequence[_Row]], None]) -> None:
+    """A listing: each row's document as JSON with ``--json``, else the table."""
+    if as_json:
+        print_json([document(r) for r in rows])
+    else:
+        table(rows)
 
 
 def operator_name() -> str | None:

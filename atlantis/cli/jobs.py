@@ -30,6 +30,7 @@ from atlantis.cli.common import (
     listing_rows,
     operator_name,
     print_json,
+    show_rows,
 )
 from atlantis.cli.escape import safe
 from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
@@ -99,10 +100,7 @@ def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: 
     rows = listing_rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state,
                                                           stalled=stalled, limit=limit),
                         queue=queue)
-    if as_json:
-        print_json([job_document(r) for r in rows])
-    else:
-        tables.job_table(rows)
+    show_rows(rows, as_json, job_document, tables.job_table)
 
 
 def _no_constant(name: str) -> object:

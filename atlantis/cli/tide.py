@@ -30,7 +30,7 @@ from atlantis.cli.common import (
     fail,
     listing_rows,
     operator_name,
-    print_json,
+    show_rows,
 )
 from atlantis.cli.doctor import doctor
 from atlantis.cli.escape import safe
@@ -80,10 +80,7 @@ def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -
     """Dead jobs, newest first."""
     rows = listing_rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state="dead",
                                                           limit=limit), queue=queue)
-    if as_json:
-        print_json([job_document(r) for r in rows])
-    else:
-        tables.dlq_table(rows)
+    show_rows(rows, as_json, job_document, tables.dlq_table)
 
 
 @main.group()
@@ -97,10 +94,7 @@ def queue() -> None:
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
     """Per queue: counts by state, stalled jobs, oldest wait, throughput, pause, supervisors."""
     rows = listing_rows(ctx, fleet.queue_stats)
-    if as_json:
-        print_json([as_dict(r) for r in rows])
-    else:
-        tables.queue_table(rows)
+    show_rows(rows, as_json, as_dict, tables.queue_table)
 
 
 @queue.command("pause")
@@ -139,10 +133,7 @@ def worker() -> None:
 def worker_list(ctx: click.Context, as_json: bool) -> None:
     """Live supervisors: host, pid, queues, in-flight jobs and their children's memory."""
     rows = listing_rows(ctx, fleet.list_workers)
-    if as_json:
-        print_json([worker_document(r) for r in rows])
-    else:
-        tables.worker_table(rows)
+    show_rows(rows, as_json, worker_document, tables.worker_table)
 
 
 # ---- db, gen ----------------------------------------------------------------------------

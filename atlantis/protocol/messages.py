@@ -25,7 +25,9 @@ child -> supervisor (lease cell, read once the child is gone)
   last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
              written to shared memory, which no closed descriptor or full pipe can stop
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
-  Fork / Forked / Exited / ZygoteReady / ZygoteFatal / Unsafe (each says what it means)
+  Fork / Forked / Exited (each says what it means); ZygoteReady (the app is imported,
+  it forks on request), ZygoteFatal (the app could not be imported; it exits), Unsafe
+  (forking this app is unsafe, it has threads after import: fresh interpreters instead)
 """
 
 from __future__ import annotations
@@ -161,24 +163,18 @@ class Exited:
 
 @dataclass(frozen=True, slots=True)
 class ZygoteReady:
-    """The zygote imported the app and forks on request."""
-
     pid: int
     t: Literal["zready"] = "zready"
 
 
 @dataclass(frozen=True, slots=True)
 class ZygoteFatal:
-    """The zygote could not import the app; it exits."""
-
     error: str
     t: Literal["zfatal"] = "zfatal"
 
 
 @dataclass(frozen=True, slots=True)
 class Unsafe:
-    """Forking this app is unsafe (it has threads after import): fresh interpreters instead."""
-
     reason: str
     t: Literal["unsafe"] = "unsafe"
 

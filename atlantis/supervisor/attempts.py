@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from atlantis.protocol.messages import Cancel, Stopping
@@ -49,33 +49,21 @@ class Attempt:
     log_lines: int = 0
     log_dropped: int = 0
 
-    @property
-    def job_id(self) -> int:
-        return self.row.id
+    # The claimed row's own facts, read so often that each is an attribute (the row is frozen).
+    job_id: int = field(init=False)
+    attempt: int = field(init=False)
+    run: int = field(init=False)
+    """The job's run: with ``attempt``, which attempt this is (every write is fenced on both)."""
+    job: str = field(init=False)
+    queue: str = field(init=False)
+    heartbeat: float = field(init=False)
+    timeout: float = field(init=False)
 
-    @property
-    def attempt(self) -> int:
-        return self.row.attempt
-
-    @property
-    def run(self) -> int:
-        return self.row.run
-
-    @property
-    def job(self) -> str:
-        return self.row.job
-
-    @property
-    def queue(self) -> str:
-        return self.row.queue
-
-    @property
-    def heartbeat(self) -> float:
-        return self.row.heartbeat
-
-    @property
-    def timeout(self) -> float:
-        return self.row.timeout
+    def __post_init__(self) -> None:
+        row = self.row
+        self.job_id, self.attempt, self.run = row.id, row.attempt, row.run
+        self.job, self.queue = row.job, row.queue
+        self.heartbeat, self.timeout = row.heartbeat, row.timeout
 
     @property
     def key(self) -> tuple[int, int, int]:

@@ -49,6 +49,23 @@ MAX_PENDING_CONTROL = 4 << 20
 """Control bytes a child may leave unread before it counts as wedged (its lease ends it)."""
 
 
+def read_ready(loop: asyncio.AbstractEventLoop, fd: int) -> bytes | None:
+    """What the non-blocking ``fd`` holds now: b"" if nothing yet; None once it is closed
+    (end of file, or an error), and then it is no longer watched by ``loop``.
+
+    64 KiB at most: a larger buffer is a fresh mapping of memory on every read."""
+    try:
+        data = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+    except OSError:
+        data = b""
+    if not data:
+        loop.remove_reader(fd)
+        return None
+    return data
+
+
 class Owner(Protocol):
     def on_message(self, child: Child, msg: FromChild) -> None: ...
     def on_protocol_error(self, child: Child, why: str) -> None: ...
@@ -164,17 +181,9 @@ class Child:
     # ---- events and output (child -> supervisor) ----------------------------------------
 
     def _read_events(self) -> None:
-        try:
-            # 64 KiB: a larger buffer is a fresh mapping of memory on every read.
-            data = os.read(self.events_fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.loop.remove_reader(self.events_fd)
-            return
-        self._feed_events(data)
+        data = read_ready(self.loop, self.events_fd)
+        if data:
+            self._feed_events(data)
 
     def _feed_events(self, data: bytes) -> None:
         if self._violated:
@@ -205,17 +214,11 @@ class Child:
         self._violated = True
 
     def _read_output(self, fd: int, stream: str) -> None:
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.loop.remove_reader(fd)
+        data = read_ready(self.loop, fd)
+        if data is None:
             self.output.flush(stream)
-            return
-        self.output.feed(data, stream)
+        elif data:
+            self.output.feed(data, stream)
 
     def _drain_output(self, limit: int = 4 << 20) -> None:
         """Log what the output pipes hold now. Bounded: a leftover may still be writing."""

@@ -32,6 +32,7 @@ from atlantis.protocol.messages import (
     decode,
     dumps,
 )
+from atlantis.supervisor.children import read_ready
 
 log = logging.getLogger("atlantis.supervisor")
 out_log = logging.getLogger("atlantis.output")
@@ -173,14 +174,8 @@ class Zygote:
             self._handle(data)
 
     def _read_output(self) -> None:
-        try:
-            data = os.read(self._out, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
+        data = read_ready(self.loop, self._out)
         if not data:
-            self.loop.remove_reader(self._out)
             return
         for line in data.decode("utf-8", errors="backslashreplace").splitlines():
             out_log.info("zygote=%d %s", self.proc.pid, line)
