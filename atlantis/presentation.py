@@ -14,7 +14,6 @@ from typing import Any
 
 from atlantis import progress
 from atlantis.store.admin import JobRow, LogLine
-from atlantis.store.console_queries import ConsoleLogLine
 from atlantis.store.fleet import WorkerRow
 from atlantis.store.typed_rows import as_dict
 
@@ -58,7 +57,7 @@ def worker_document(worker: WorkerRow) -> dict[str, Any]:
     return doc
 
 
-def log_document(line: LogLine | ConsoleLogLine, *, job_id: int | None = None) -> dict[str, Any]:
+def log_document(line: LogLine, *, job_id: int | None = None) -> dict[str, Any]:
     """A line an attempt wrote: ``id``, ``job_id`` (when given), ``run``, ``attempt``, ``at``,
     ``stream`` and ``line``."""
     doc: dict[str, Any] = {"id": line.id}

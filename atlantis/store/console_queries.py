@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from atlantis.store.admin import FINISHED, JobRow
+from atlantis.store.admin import FINISHED, JobRow, LogLine
 from atlantis.store.queries import Q
 from atlantis.store.typed_rows import known_columns_row
 
@@ -72,16 +72,10 @@ class Throughput:
 
 
 @dataclass(frozen=True, slots=True)
-class ConsoleLogLine:
+class ConsoleLogLine(LogLine):
     """A log line with its job (``admin.LogLine`` is one job's)."""
 
-    id: int
     job_id: int
-    run: int
-    attempt: int
-    at: datetime
-    stream: str
-    line: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,8 +210,9 @@ async def listen(db: Connection) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerRow:
-    """What the ``atlantis.workers`` row says of a supervisor run."""
+class WorkerReport:
+    """What a supervisor run writes of itself into its ``atlantis.workers`` row (what
+    operators read back is :class:`atlantis.store.fleet.WorkerRow`)."""
 
     id: str
     host: str
@@ -226,7 +227,7 @@ class WorkerRow:
     job_types: list[str]
 
 
-async def worker_upsert(db: Connection, w: WorkerRow) -> None:
+async def worker_upsert(db: Connection, w: WorkerReport) -> None:
     await db.fetch(Q.worker_upsert, {
         "id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
         "concurrency": w.concurrency, "in_flight": w.in_flight, "status": w.status,

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable
 
 from atlantis.store import supervision as sql
-from atlantis.store.supervision import WorkerRow
+from atlantis.store.supervision import WorkerReport
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -83,7 +83,7 @@ class Presence(Service):
                  "child_pid": a.child.pid if a.child else None,
                  "rss": a.child.last_rss if a.child else 0} for a in attempts]
         try:
-            await sql.worker_upsert(self.db, WorkerRow(
+            await sql.worker_upsert(self.db, WorkerReport(
                 id=rt.worker_id, host=socket.gethostname(), pid=os.getpid(),
                 queues=list(s.queues), concurrency=s.concurrency, in_flight=len(attempts),
                 status="draining" if rt.draining else "running", ttl=s.worker_ttl,
