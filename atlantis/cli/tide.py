@@ -153,7 +153,7 @@ def db_migrate(ctx: click.Context, app: str | None) -> None:
     with connection(ctx, autocommit=False, deadline=False) as conn:
         applied = migrate(conn)
         if registry is not None:
-            sync(conn, list(registry.decls.values()))
+            sync(conn, list(registry.decls.values()), registry.workflows.values())
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date", err=True)
 
 
@@ -165,7 +165,7 @@ def db_sync(ctx: click.Context, app: str) -> None:
     registry = _load(app)
     with connection(ctx, autocommit=False, deadline=False) as conn:
         migrate(conn)
-        sync(conn, list(registry.decls.values()))
+        sync(conn, list(registry.decls.values()), registry.workflows.values())
     click.echo(f"synced {len(registry.decls)} declarations", err=True)
 
 
