@@ -58,6 +58,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TERMINALS = {
     "NAME": "a name",
     "TYPE_NAME": "a type",
+    "JOB_NAME": "a job name",
     "NUMBER": "a number",
     "DURATION": "a duration such as 30s or 1h30m",
     "STRING": "a string in double quotes",

@@ -171,7 +171,9 @@ def _refuse_cycle(
                 ring = [n for n, _ in path[start:]]
                 where = path[start][1]
                 assert where is not None
-                source.fail(where, f"the steps {', '.join(sorted(set(ring)))} of workflow "
+                if len(ring) == 1:
+                    source.fail(where, f"step '{name}' of workflow {workflow} is after itself")
+                source.fail(where, f"the steps {', '.join(sorted(ring))} of workflow "
                             f"{workflow} wait for each other in a cycle "
                             f"({' after '.join([*ring, ring[0]])})")
             if str(token) not in done:
@@ -219,6 +221,8 @@ def _clash(workflow: WorkflowDecl, job: JobDecl) -> str:
 def _known(jobs: Mapping[str, Any], name: str) -> str:
     namespace = name.rpartition(".")[0]
     same = sorted(j for j in jobs if j.rpartition(".")[0] == namespace)
+    if len(same) > 8:
+        same = [*same[:8], "..."]
     return f" (declared in {namespace}: {', '.join(same)})" if same else ""
 
 
