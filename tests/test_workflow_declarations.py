@@ -434,6 +434,26 @@ def test_gen_writes_a_start_function_per_workflow(
         args.account_id = "b"
 
 
+def test_tide_gen_writes_and_checks_workflows(tmp_path: Path) -> None:
+    source = tmp_path / "onboarding.atl"
+    source.write_text(ISSUE_EXAMPLE, "utf-8")
+    out = tmp_path / "onboarding_gen.py"
+
+    def tide(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(Path(sys.executable).parent / "tide"), "gen", str(source), "-o",
+                               str(out), *args], capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    assert tide().returncode == 0
+    assert out.read_text("utf-8") == generated(ISSUE_EXAMPLE).replace(
+        "onboarding.atl", source.name)
+    assert tide("--check").returncode == 0
+    # tide gen reads one file: the jobs its steps run may be declared in others.
+    source.write_text(ISSUE_EXAMPLE + "workflow Later in onboarding { step x Nowhere }\n")
+    stale = tide("--check")
+    assert stale.returncode == 1 and "stale" in stale.stderr
+
+
 def test_a_jobless_file_gets_only_what_workflows_use() -> None:
     source = generated("workflow Bare in other { step a onboarding.SendWelcome }\n")
     assert "Callable" not in source and "timedelta" not in source
