@@ -313,6 +313,19 @@ def test_workflow_refusals_across_files(case: str) -> None:
     assert str(info.value) == message
 
 
+def test_the_bad_input_table_quotes_every_refusal() -> None:
+    text = (REPO / "docs" / "bad-input.md").read_text("utf-8")
+    quoted = [m for _, m in IN_FILE.values()] + [m for *_, m in ACROSS_FILES.values()]
+    quoted.append("jobs.atl:1: job onboarding.CreateAccount has the name of a workflow "
+                  "(declared at flows.atl:1); a workflow and a job cannot share a name")
+    missing = [m for m in quoted if f"`{m}`" not in text]
+    # Rows stand for a class of error; these share one with another quoted row.
+    assert missing == [IN_FILE["duplicate-modifier"][1], IN_FILE["unique-unknown-field"][1],
+                       IN_FILE["workflow-inside-a-block"][1], IN_FILE["misspelt-workflow"][1],
+                       ACROSS_FILES["optional-arg-of-another-type"][3],
+                       ACROSS_FILES["compensate-job-args"][3]]
+
+
 def test_args_a_job_can_do_without_may_be_missing_or_nullable() -> None:
     jobs = read_atl("job Tagged in ns { args { id int not null, tag text default \"x\", "
                     "note text, n int not null default 1 } }").jobs
