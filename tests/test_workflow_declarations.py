@@ -13,9 +13,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 import atlantis
+from atlantis.app import load_app
 from atlantis.declarations import (
     Field,
     StepDecl,
@@ -26,7 +29,9 @@ from atlantis.declarations import (
 )
 from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError
+from atlantis.store import sync
 from atlantis.supervisor.appload import workflow_from_dict
+from tests.conftest import BIN, ROOT
 
 REPO = Path(atlantis.__file__).resolve().parent.parent
 
@@ -506,3 +511,59 @@ def test_generated_workflow_module_passes_ruff_and_mypy_strict(tmp_path: Path, t
     env = {**os.environ, "MYPYPATH": str(REPO)}
     run("mypy", "--strict", "--follow-imports=silent", "--no-error-summary", "--cache-dir",
         str(tmp_path / ".mypy_cache"), str(path), env=env)
+
+
+# --------------------------------------------------------------------------- sync
+
+FLOWS_APP = "tests.apps.decl_flows:registry"
+
+
+def workflow_type(conn: psycopg.Connection[Any], name: str) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT workflow, fields, unique_fields, extract(epoch FROM timeout)::float AS timeout,"
+            " steps, source FROM atlantis.workflow_types WHERE workflow = %s", (name,)
+        ).fetchone()
+
+
+def test_sync_stores_workflow_types_and_starts_follow_them(db: psycopg.Connection[Any]) -> None:
+    registry = load_app(FLOWS_APP)
+    (onboard,) = registry.workflows.values()
+    sync(db, list(registry.decls.values()), registry.workflows.values())
+    db.commit()
+    row = workflow_type(db, "onboarding.Onboard")
+    assert row is not None
+    assert row == {**onboard.to_json(), "unique_fields": ["account_id"], "timeout": 21600.0}
+    assert row["source"].endswith("decl_flows.atl:21")
+    first = atlantis.start_workflow(db, "onboarding.Onboard", {"account_id": "a1"})
+    # unique (account_id): a second start while it runs gives the same instance.
+    assert atlantis.start_workflow(db, "onboarding.Onboard", {"account_id": "a1"}) == first
+    with pytest.raises(atlantis.ValidationError, match="account_id"):
+        atlantis.start_workflow(db, "onboarding.Onboard", {"account_id": 5})
+    db.rollback()
+    # A sync again replaces the row: the timeout dropped, a step added.
+    changed = dataclasses.replace(
+        onboard, timeout=None, unique=(),
+        steps=(*onboard.steps, StepDecl("bye", "onboarding.SendWelcome", ("welcome",))),
+    )  # fmt: skip
+    sync(db, [], [changed])
+    db.commit()
+    row = workflow_type(db, "onboarding.Onboard")
+    assert row is not None and row["timeout"] is None and row["unique_fields"] == []
+    assert [s["step"] for s in row["steps"]] == ["create", "import", "welcome", "bye"]
+
+
+def test_tide_db_sync_and_migrate_store_the_apps_workflows(
+    db: psycopg.Connection[Any], db_url: str
+) -> None:
+    tide = [str(BIN / "tide"), "--database-url", db_url, "db"]
+    for command in (["sync", "--app", FLOWS_APP], ["migrate", "--app", FLOWS_APP]):
+        db.execute("DELETE FROM atlantis.workflow_types")
+        db.commit()
+        done = subprocess.run([*tide, *command], capture_output=True, text=True, cwd=ROOT,
+                              timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        row = workflow_type(db, "onboarding.Onboard")
+        db.commit()
+        assert row is not None and [s["step"] for s in row["steps"]] == [
+            "create", "import", "welcome"]
