@@ -127,7 +127,12 @@ def test_a_row_cancelled_before_a_child_takes_it_never_starts() -> None:
         ledger.hold(a)
     ledger.cancel(1)
     started: list[int] = []
-    ledger.take_held(lambda: True, lambda a: started.append(a.job_id) is None)
+
+    def start(a: Attempt) -> bool:
+        started.append(a.job_id)
+        return True
+
+    ledger.take_held(lambda: True, start)
     assert started == [3]
     ended = {a.job_id: r for a, r in ledger.take_ended(10)}
     assert sorted(ended) == [1, 2]
