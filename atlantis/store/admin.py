@@ -76,6 +76,9 @@ class JobRow:
     stall_after: float
     stalled: bool
     db_now: datetime
+    result: Any = None
+    """The handler's return value (JSON) once the job completed; None before, or if it
+    returned nothing (or a value that could not be stored)."""
 
     @property
     def finished(self) -> bool:

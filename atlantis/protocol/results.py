@@ -1,0 +1,68 @@
+"""A handler's return value as its job's ``result``: what may be stored, one rule for both sides.
+
+The child encodes the value with orjson (:func:`encode`); the supervisor checks the text it
+receives once more (:func:`check`), since a handler may forge the frame. A result is stored
+if it is JSON, at most :data:`~atlantis.limits.MAX_RESULT_BYTES` bytes of it, and holds no
+NUL character (``\\u0000``, which PostgreSQL's jsonb refuses): so that no result can make the
+finish statement fail. What becomes of one that is not (the step ends ``dead`` with kind
+``result`` inside a workflow; null and a warning outside) is the caller's to decide.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from atlantis.limits import MAX_RESULT_BYTES
+
+# A ``\u0000`` escape in JSON text: preceded by an even number of backslashes (an odd one
+# would make it the text ``\u0000``, an escaped backslash then ``u0000``, which jsonb takes).
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def encode(value: object) -> tuple[str | None, str | None]:
+    """``(json_text, None)``, or ``(None, why)`` if ``value`` cannot be stored as a result.
+
+    None gives ``(None, None)``: a handler that returns nothing stores no result.
+    """
+    if value is None:
+        return None, None
+    try:
+        data = orjson.dumps(value)
+    except Exception as exc:  # orjson: TypeError (JSONEncodeError) naming what it refused
+        return None, f"it is not JSON-serializable ({_text(exc)})"
+    why = _problem(data)
+    return (None, why) if why is not None else (data.decode(), None)
+
+
+def check(text: str) -> str | None:
+    """Why the result text ``text`` (from a child) cannot be stored, or None if it can."""
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as not JSON
+    if len(data) > MAX_RESULT_BYTES:
+        return _too_large(len(data))
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return f"it is not valid JSON ({_text(exc)})"
+    return _problem(data)
+
+
+def _problem(data: bytes) -> str | None:
+    if len(data) > MAX_RESULT_BYTES:
+        return _too_large(len(data))
+    if _NUL.search(data):
+        return "it holds a NUL character (\\u0000), which PostgreSQL cannot store"
+    return None
+
+
+def _too_large(size: int) -> str:
+    return (f"its JSON is {size} bytes, more than the limit of {MAX_RESULT_BYTES} bytes "
+            "(64 KiB)")
+
+
+def _text(exc: Exception) -> str:
+    try:
+        return str(exc)[:200]
+    except Exception:
+        return type(exc).__name__
