@@ -167,10 +167,11 @@ def step_fields(text: str | None) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError("a step's context must be a JSON object")
     workflow_id, step = doc.get("workflow_id"), doc.get("step")
-    compensation, results = doc.get("compensation", False), doc.get("results") or {}
+    compensation, results = doc.get("compensation", False), doc.get("results")
+    results = {} if results is None else results
     comp = doc.get("compensating")
     if (type(workflow_id) is not int or type(step) is not str
-            or type(compensation) is not bool or not isinstance(results, dict)):
+            or type(compensation) is not bool or type(results) is not dict):
         raise ValueError("a step's context needs workflow_id (an integer), step (a string), "
                          "compensation (a boolean) and results (an object)")
     compensating = None

@@ -2,9 +2,11 @@
 
 The child encodes the value with orjson (:func:`encode`); the supervisor checks the text it
 receives once more (:func:`check`), since a handler may forge the frame. A result is stored
-if it is JSON, at most :data:`~atlantis.limits.MAX_RESULT_BYTES` bytes of it, and holds no
-NUL character (``\\u0000``, which PostgreSQL's jsonb refuses): so that no result can make the
-finish statement fail. What becomes of one that is not (the step ends ``dead`` with kind
+if it is JSON, at most :data:`~atlantis.limits.MAX_RESULT_BYTES` bytes of it, nested at
+most :data:`~atlantis.limits.MAX_DEPTH` levels deep (as args are: every reader can parse
+it, Python's json module included), and holds no NUL character (``\\u0000``, which
+PostgreSQL's jsonb refuses): so that no result can make the finish statement, or a reader
+of the row, fail. What becomes of one that is not (the step ends ``dead`` with kind
 ``result`` inside a workflow; null and a warning outside) is the caller's to decide.
 """
 
@@ -14,7 +16,7 @@ import re
 
 import orjson
 
-from atlantis.limits import MAX_RESULT_BYTES
+from atlantis.limits import MAX_DEPTH, MAX_RESULT_BYTES
 
 # A ``\u0000`` escape in JSON text: preceded by an even number of backslashes (an odd one
 # would make it the text ``\u0000``, an escaped backslash then ``u0000``, which jsonb takes).
@@ -42,18 +44,38 @@ def check(text: str) -> str | None:
     if len(data) > MAX_RESULT_BYTES:
         return _too_large(len(data))
     try:
-        orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         return f"it is not valid JSON ({_text(exc)})"
-    return _problem(data)
+    return _problem(data, value)
 
 
-def _problem(data: bytes) -> str | None:
+def _problem(data: bytes, value: object = None) -> str | None:
     if len(data) > MAX_RESULT_BYTES:
         return _too_large(len(data))
     if _NUL.search(data):
         return "it holds a NUL character (\\u0000), which PostgreSQL cannot store"
+    # Only JSON with more brackets than the limit can nest deeper: then look (parsed, as
+    # orjson reads it at most 1024 deep).
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        depth = _depth(orjson.loads(data) if value is None else value)
+        if depth > MAX_DEPTH:
+            return f"it is nested {depth} levels deep, more than the limit of {MAX_DEPTH}"
     return None
+
+
+def _depth(value: object) -> int:
+    """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or an object."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item)
+    return deepest
 
 
 def _too_large(size: int) -> str:
