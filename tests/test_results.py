@@ -235,7 +235,7 @@ def test_none_is_no_result(result_child: ResultChild) -> None:
 @pytest.mark.parametrize(("mode", "why"), [
     ("object", NOT_JSON), ("huge", TOO_LARGE), ("nul", HAS_NUL),
     ("bigint", "it is not JSON-serializable (Integer exceeds 64-bit range)"),
-])
+], ids=["object", "huge", "nul", "bigint"])
 def test_outside_a_workflow_a_bad_result_is_dropped_with_a_warning(
         result_child: ResultChild, mode: str, why: str) -> None:
     done = result_child.step(mode)
@@ -244,7 +244,7 @@ def test_outside_a_workflow_a_bad_result_is_dropped_with_a_warning(
 
 
 @pytest.mark.parametrize(("mode", "why"), [("object", NOT_JSON), ("huge", TOO_LARGE),
-                                           ("nul", HAS_NUL)])
+                                           ("nul", HAS_NUL)], ids=["object", "huge", "nul"])
 def test_inside_a_workflow_a_bad_result_ends_the_step_unretried(
         result_child: ResultChild, mode: str, why: str) -> None:
     done = result_child.step(mode, STEP)
@@ -306,7 +306,8 @@ def test_a_returned_dict_is_the_jobs_result_in_tide(app_db: psycopg.Connection[A
     assert "\n  result " not in _tide(db_url, "job", "status", str(ids["none"]))
 
 
-@pytest.mark.parametrize(("mode", "why"), [("object", NOT_JSON), ("huge", TOO_LARGE)])
+@pytest.mark.parametrize(("mode", "why"), [("object", NOT_JSON), ("huge", TOO_LARGE)],
+                         ids=["object", "huge"])
 def test_outside_a_workflow_a_bad_result_completes_null_with_a_warning_in_the_log(
         app_db: psycopg.Connection[Any], db_url: str, supervise: Any, mode: str,
         why: str) -> None:
@@ -338,7 +339,7 @@ def test_a_long_result_is_cut_in_the_human_view_and_whole_in_json(
     ("forge-invalid", "it is not valid JSON"),
     ("forge-nul", HAS_NUL),
     ("forge-huge", "its JSON is 70002 bytes"),
-])
+], ids=["forge-invalid", "forge-nul", "forge-huge"])
 def test_a_forged_result_costs_its_attempt_at_most_never_a_batch(
         app_db: psycopg.Connection[Any], supervise: Any, mode: str, why: str) -> None:
     sup = _start(supervise)
