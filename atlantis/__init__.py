@@ -14,9 +14,18 @@ from atlantis.errors import (
     UniqueKeyTakenError,
     UnknownJobError,
     ValidationError,
+    WorkflowNotFoundError,
+    WorkflowStateError,
 )
 from atlantis.operations import cancel, cancel_async, retry, retry_async
 from atlantis.registry import Registry
+from atlantis.workflows import (
+    cancel_workflow,
+    cancel_workflow_async,
+    retry_workflow,
+    start_workflow,
+    start_workflow_async,
+)
 
 __all__ = [
     "AtlantisError",
@@ -31,8 +40,12 @@ __all__ = [
     "UniqueKeyTakenError",
     "UnknownJobError",
     "ValidationError",
+    "WorkflowNotFoundError",
+    "WorkflowStateError",
     "cancel",
     "cancel_async",
+    "cancel_workflow",
+    "cancel_workflow_async",
     "checkpoint",
     "enqueue",
     "enqueue_async",
@@ -40,6 +53,9 @@ __all__ = [
     "enqueue_many_async",
     "retry",
     "retry_async",
+    "retry_workflow",
+    "start_workflow",
+    "start_workflow_async",
 ]
 
 #: The distribution's version, written once in pyproject.toml and read from the installed

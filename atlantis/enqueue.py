@@ -63,6 +63,12 @@ def _params(
     }
 
 
+def args_json(name: str, args: Mapping[str, Any]) -> Jsonb:
+    """``args`` as the enqueue functions send them (checked and written as above; errors
+    name ``name``): for other callers of the caller's-transaction API (workflows)."""
+    return Jsonb(_encode(name, args), dumps=_as_is)
+
+
 def _check_priority(priority: object) -> None:
     """A priority is an ``int`` in the database (lower runs first); PostgreSQL would find no
     enqueue function taking anything else, and say so in terms of the schema."""
@@ -267,7 +273,7 @@ def _first(value: Any, bad: Callable[[Any], bool]) -> tuple[str, Any] | None:
     return None
 
 
-def _translate(exc: psycopg.Error) -> BaseException:
+def translate(exc: psycopg.Error) -> BaseException:
     diag = exc.diag
     message = diag.message_primary or str(exc)
     if exc.sqlstate == UNKNOWN_JOB:
@@ -302,7 +308,7 @@ def enqueue_many(
     none open, the implicit transaction that held only this statement is rolled back.
     """
     params = _params(job, args_list, delay, run_at, priority, queue)
-    return _ids(caller.fetch_one(conn, Q.enqueue_many, params, translate=_translate))
+    return _ids(caller.fetch_one(conn, Q.enqueue_many, params, translate=translate))
 
 
 def enqueue(
@@ -336,7 +342,7 @@ async def enqueue_many_async(
 ) -> list[int]:
     """The twin of :func:`enqueue_many` for psycopg's ``AsyncConnection``."""
     params = _params(job, args_list, delay, run_at, priority, queue)
-    return _ids(await caller.fetch_one_async(conn, Q.enqueue_many, params, translate=_translate))
+    return _ids(await caller.fetch_one_async(conn, Q.enqueue_many, params, translate=translate))
 
 
 async def enqueue_async(

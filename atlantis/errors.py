@@ -33,6 +33,16 @@ class JobNotFoundError(AtlantisError):
     """No job has this id."""
 
 
+class WorkflowNotFoundError(AtlantisError):
+    """No workflow has this id."""
+
+
+class WorkflowStateError(AtlantisError):
+    """The workflow (or the workflow a step belongs to) is in a state that refuses the
+    operation: a retry of anything but a ``compensation_failed`` workflow, or ``retry`` of a
+    step's row (``tide workflow retry`` reruns its workflow's compensations)."""
+
+
 class Discard(Exception):  # noqa: N818 - the name is part of the public API
     """Raised by a handler: send the job to the dead-letter queue at once, no retry."""
 

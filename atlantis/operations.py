@@ -16,21 +16,29 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from atlantis.errors import JobNotFoundError, UniqueKeyTakenError, ValidationError
+from atlantis.errors import (
+    JobNotFoundError,
+    UniqueKeyTakenError,
+    ValidationError,
+    WorkflowStateError,
+)
 from atlantis.store import caller
 from atlantis.store.queries import Q
 from atlantis.units import int_problem
 
 UNIQUE_KEY_TAKEN = "ATL03"
 NO_SUCH_JOB = "ATL04"
+REFUSED_IN_WORKFLOW = "ATL05"
 
 
-def _translate(exc: psycopg.Error) -> BaseException:
+def translate(exc: psycopg.Error) -> BaseException:
     message = exc.diag.message_primary or str(exc)
     if exc.sqlstate == NO_SUCH_JOB:
         return JobNotFoundError(message)
     if exc.sqlstate == UNIQUE_KEY_TAKEN:
         return UniqueKeyTakenError(message)
+    if exc.sqlstate == REFUSED_IN_WORKFLOW:
+        return WorkflowStateError(message)
     return exc
 
 
@@ -47,14 +55,14 @@ def _job_id(job_id: object) -> object:
 
 
 def _call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
-    row = caller.fetch_one(conn, query, params, translate=_translate)
+    row = caller.fetch_one(conn, query, params, translate=translate)
     assert row is not None
     return row[0]
 
 
 async def _call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                       params: dict[str, Any]) -> Any:
-    row = await caller.fetch_one_async(conn, query, params, translate=_translate)
+    row = await caller.fetch_one_async(conn, query, params, translate=translate)
     assert row is not None
     return row[0]
 
@@ -62,6 +70,8 @@ async def _call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
 def cancel(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) -> str | None:
     """Cancel a job; returns the state it is in afterwards.
 
+    A step of a workflow (or a compensation) cancels its whole workflow
+    (:func:`atlantis.cancel_workflow`): a step cancelled alone would strand its dependents.
     ``"cancelled"`` for a job that was waiting. ``"running"`` for a running one: its
     supervisor sets ``ctx.cancelled`` in the handler, stops the attempt after the cancel
     grace, and the job ends ``cancelled``. None when the job had finished already.
@@ -79,7 +89,8 @@ def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) 
     or None when it is in another state. Raises :class:`~atlantis.UniqueKeyTakenError`
     (naming the holder) when another waiting or running job holds its unique key, and
     :class:`~atlantis.JobNotFoundError` for an unknown id (ValidationError for one no job
-    can have, as :func:`cancel`).
+    can have, as :func:`cancel`). A step's row is refused with
+    :class:`~atlantis.WorkflowStateError` naming ``tide workflow retry``.
     """
     found: int | None = _call(conn, Q.job_retry, {"id": _job_id(job_id), "by": by})
     return found

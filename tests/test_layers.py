@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("protocol",),
     ("declarations",),
     ("store",),
-    ("", "enqueue", "operations", "registry", "context", "progress", "app", "presentation"),
+    ("", "enqueue", "operations", "workflows", "registry", "context", "progress", "app", "presentation"),
     ("child",),
     ("supervisor", "cli", "console"),
 )

@@ -52,6 +52,12 @@ ALLOWED = [
     ("0002_containment.sql", "ADD CONSTRAINT jobs_errors_bounded_check",
      "shipped before rolling upgrades were promised: a supervisor of 0001 appending its 21st "
      "error would be refused; fleets upgraded from 0001 all at once"),
+    ("0017_workflows.sql", "ADD CONSTRAINT jobs_step_check",
+     "on columns the same migration adds: a writer of 0.2.0 never sets workflow_id or step, "
+     "and both null satisfy it"),
+    ("0017_workflows.sql", "ADD CONSTRAINT jobs_compensation_check",
+     "on columns the same migration adds: a writer of 0.2.0 never sets compensation, whose "
+     "default (false) satisfies it"),
 ]
 
 

@@ -38,6 +38,16 @@ SELECT id, run, attempt, worker, host, pid, child_pid, started_at, finished_at, 
 -- name: job_retry
 SELECT atlantis.retry(%(id)s, coalesce(%(by)s::text, current_user::text)) AS id
 
+-- name: workflow_start
+-- Workflows (migration 0017): in the caller's transaction, as an enqueue.
+SELECT atlantis.start_workflow(%(name)s, %(args)s::jsonb) AS id
+
+-- name: workflow_cancel
+SELECT atlantis.cancel_workflow(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state
+
+-- name: workflow_retry
+SELECT atlantis.retry_workflow(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state
+
 -- name: job_cancel
 -- Waiting jobs are cancelled at once; a running attempt is flagged and its supervisor told
 -- (ctx.cancelled, then SIGTERM after the cancel grace); the job ends cancelled.

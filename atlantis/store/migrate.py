@@ -105,7 +105,8 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.queue_counts(bigint), atlantis.oldest_due(text),"
     " atlantis.unique_key(atlantis.job_types, jsonb),"
     " atlantis.canonical_value(text, boolean, jsonb), atlantis.canonical_double(numeric),"
-    " atlantis.type_mismatch(text, int, jsonb)"
+    " atlantis.type_mismatch(text, int, jsonb),"
+    " atlantis.workflow_step_states(bigint), atlantis.step_context(bigint)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.
@@ -114,7 +115,8 @@ GRANT USAGE ON SCHEMA atlantis TO atlantis_enqueuer;
 GRANT EXECUTE ON FUNCTION
     atlantis.enqueue(text, jsonb, timestamptz, int, text, interval),
     atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval),
-    atlantis.cancel(bigint, text)
+    atlantis.cancel(bigint, text),
+    atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text)
     TO atlantis_enqueuer;""",
     # atlantis-supervise: claims, leases, results, attempts, logs, its workers row,
     # schedules and retention, and syncing declarations into job_types; no DDL, no
@@ -129,7 +131,8 @@ GRANT USAGE, SELECT ON SEQUENCE atlantis.jobs_id_seq, atlantis.attempts_id_seq,
     atlantis.logs_id_seq TO atlantis_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
 REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
-    atlantis.resume(text, text), atlantis.delete_finished(bigint[]) FROM atlantis_worker;""",
+    atlantis.resume(text, text), atlantis.delete_finished(bigint[]),
+    atlantis.retry_workflow(bigint, text) FROM atlantis_worker;""",
     # tide's changes and the console's writes, through functions, plus what reads need.
     "atlantis_operator": """
 GRANT USAGE ON SCHEMA atlantis TO atlantis_operator;
@@ -137,7 +140,9 @@ GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_operator;
 GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.cancel(bigint, text), atlantis.retry(bigint, text),
     atlantis.pause(text, text, text), atlantis.resume(text, text),
-    atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[])
+    atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[]),
+    atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text),
+    atlantis.retry_workflow(bigint, text), atlantis.prune_workflows(interval, text[], int)
     TO atlantis_operator;
 DO $$
 BEGIN

@@ -21,6 +21,7 @@ class Queries:
     renew: LiteralString
     finish: LiteralString
     rescue: LiteralString
+    workflow_sweep: LiteralString
     worker_upsert: LiteralString
     worker_delete: LiteralString
     worker_list: LiteralString
@@ -29,6 +30,9 @@ class Queries:
     listen: LiteralString
     job_retry: LiteralString
     job_cancel: LiteralString
+    workflow_start: LiteralString
+    workflow_cancel: LiteralString
+    workflow_retry: LiteralString
     queue_stats: LiteralString
     release_orphans: LiteralString
     queue_known: LiteralString

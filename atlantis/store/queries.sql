@@ -250,6 +250,10 @@ WITH expired AS MATERIALIZED (
 )
 SELECT id, state, queue FROM done
 
+-- name: workflow_sweep
+-- Workflows past their deadline fail; cancels a race skipped are sent again (migration 0017).
+SELECT atlantis.workflow_sweep(%(batch)s)
+
 -- name: worker_upsert
 -- job_types: the jobs it claims (they change with a reload; migration 0014).
 INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,

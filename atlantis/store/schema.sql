@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0016) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0017) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -26,6 +26,15 @@ CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RET
 
 CREATE FUNCTION atlantis.cancel_message(by text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: cancel_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.cancel_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -208,6 +217,15 @@ CREATE FUNCTION atlantis.prune_schedule_runs(older_than interval, batch integer 
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: prune_workflows(interval, text[], integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.prune_workflows(older_than interval, states text[] DEFAULT ARRAY['complete'::text, 'cancelled'::text, 'dead'::text], batch integer DEFAULT 100) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: queue_counts(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -240,6 +258,15 @@ CREATE FUNCTION atlantis.retry(job_id bigint, by text DEFAULT CURRENT_USER) RETU
 
 CREATE FUNCTION atlantis.retry_delay(base interval, attempt integer) RETURNS interval
     LANGUAGE sql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: retry_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -303,7 +330,12 @@ CREATE TABLE atlantis.jobs (
     retried_at timestamp with time zone,
     cancelled_by text,
     run integer DEFAULT 1 NOT NULL,
+    workflow_id bigint,
+    step text,
+    compensation boolean DEFAULT false NOT NULL,
+    result jsonb,
     CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
+    CONSTRAINT jobs_compensation_check CHECK (((NOT compensation) OR (workflow_id IS NOT NULL))),
     CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
     CONSTRAINT jobs_errors_bounded_check CHECK ((jsonb_array_length(errors) <= 20)),
     CONSTRAINT jobs_errors_check CHECK ((jsonb_typeof(errors) = 'array'::text)),
@@ -316,6 +348,7 @@ CREATE TABLE atlantis.jobs (
     CONSTRAINT jobs_running_lease_check CHECK (((state <> 'running'::text) OR ((claimed_by IS NOT NULL) AND (claimed_until IS NOT NULL) AND (started_at IS NOT NULL)))),
     CONSTRAINT jobs_started_attempt_check CHECK (((state <> ALL (ARRAY['running'::text, 'complete'::text])) OR (attempt >= 1))),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['available'::text, 'running'::text, 'complete'::text, 'dead'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_step_check CHECK (((workflow_id IS NULL) = (step IS NULL))),
     CONSTRAINT jobs_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (heartbeat > '00:00:00'::interval)))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
@@ -326,6 +359,31 @@ WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze
 
 CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
     LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: start_workflow(text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: step_args(text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_args(job_name text, args jsonb) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: step_context(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_context(job_id bigint) RETURNS jsonb
+    LANGUAGE plpgsql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -341,6 +399,132 @@ CREATE FUNCTION atlantis.type_mismatch(ftype text, flen integer, v jsonb) RETURN
 --
 
 CREATE FUNCTION atlantis.unique_key(decl atlantis.job_types, args jsonb) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_instances; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.workflow_instances (
+    id bigint NOT NULL,
+    workflow text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    unique_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    deadline timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    failed_step text,
+    cause text,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    retried_by text,
+    retried_at timestamp with time zone,
+    CONSTRAINT workflow_instances_cause_check CHECK ((cause = ANY (ARRAY['failed'::text, 'cancelled'::text, 'timeout'::text]))),
+    CONSTRAINT workflow_instances_finished_check CHECK (((state = ANY (ARRAY['complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT workflow_instances_state_cause_check CHECK ((((state = 'running'::text) = (cause IS NULL)) OR (state = 'complete'::text))),
+    CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])))
+);
+
+--
+-- Name: workflow_steps; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.workflow_steps (
+    workflow_id bigint NOT NULL,
+    step text NOT NULL,
+    ord integer NOT NULL,
+    job text NOT NULL,
+    after text[] DEFAULT '{}'::text[] NOT NULL,
+    compensate text,
+    pending integer NOT NULL,
+    job_id bigint,
+    comp_job_id bigint,
+    CONSTRAINT workflow_steps_pending_check CHECK ((pending >= 0))
+);
+
+--
+-- Name: workflow_add_step_row(atlantis.workflow_instances, atlantis.workflow_steps, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_add_step_row(w atlantis.workflow_instances, s atlantis.workflow_steps, undo boolean) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_advance(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_advance() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_halt(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_halt(wid bigint) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_settle(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_settle(wid bigint) RETURNS text
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_step_states(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_step_states(wid bigint) RETURNS TABLE(step text, ord integer, job text, after text[], compensate text, job_id bigint, comp_job_id bigint, fwd text, comp text, started boolean, settled boolean)
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_stop(bigint, text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_stop(wid bigint, why text, step_name text, message text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_sweep(batch integer DEFAULT 100) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_types; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.workflow_types (
+    workflow text NOT NULL,
+    fields jsonb NOT NULL,
+    unique_fields text[] DEFAULT '{}'::text[] NOT NULL,
+    timeout interval,
+    steps jsonb NOT NULL,
+    source text,
+    synced_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_types_fields_check CHECK ((jsonb_typeof(fields) = 'array'::text)),
+    CONSTRAINT workflow_types_steps_check CHECK ((jsonb_typeof(steps) = 'array'::text)),
+    CONSTRAINT workflow_types_timeout_check CHECK ((timeout > '00:00:00'::interval))
+);
+
+--
+-- Name: workflow_type(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_type(workflow_name text) RETURNS atlantis.workflow_types
     LANGUAGE plpgsql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
@@ -451,7 +635,11 @@ CREATE VIEW atlantis.job_rows AS
     (EXTRACT(epoch FROM atlantis.stall_after(job, heartbeat)))::double precision AS stall_after,
     atlantis.stalled(j.*) AS stalled,
     now() AS db_now,
-    run
+    run,
+    workflow_id,
+    step,
+    compensation,
+    result
    FROM atlantis.jobs j;
 
 --
@@ -568,6 +756,40 @@ CREATE TABLE atlantis.workers (
 );
 
 --
+-- Name: workflow_instances_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE atlantis.workflow_instances ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME atlantis.workflow_instances_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: workflows; Type: VIEW; Schema: atlantis; Owner: -
+--
+
+CREATE VIEW atlantis.workflows AS
+ SELECT id,
+    workflow,
+    args,
+    state,
+    created_at,
+    finished_at,
+    error,
+    failed_step,
+    cause,
+    deadline,
+    cancel_requested_at,
+    cancelled_by,
+    retried_by,
+    retried_at
+   FROM atlantis.workflow_instances w;
+
+--
 -- Name: attempts id; Type: DEFAULT; Schema: atlantis; Owner: -
 --
 
@@ -662,6 +884,27 @@ ALTER TABLE ONLY atlantis.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
 
 --
+-- Name: workflow_instances workflow_instances_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.workflow_instances
+    ADD CONSTRAINT workflow_instances_pkey PRIMARY KEY (id);
+
+--
+-- Name: workflow_steps workflow_steps_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.workflow_steps
+    ADD CONSTRAINT workflow_steps_pkey PRIMARY KEY (workflow_id, step);
+
+--
+-- Name: workflow_types workflow_types_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.workflow_types
+    ADD CONSTRAINT workflow_types_pkey PRIMARY KEY (workflow);
+
+--
 -- Name: attempts_job_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
@@ -704,10 +947,46 @@ CREATE INDEX jobs_state_queue_idx ON atlantis.jobs USING btree (state, queue);
 CREATE UNIQUE INDEX jobs_unique_idx ON atlantis.jobs USING btree (job, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['available'::text, 'running'::text])));
 
 --
+-- Name: jobs_workflow_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_workflow_idx ON atlantis.jobs USING btree (workflow_id, step) WHERE (workflow_id IS NOT NULL);
+
+--
 -- Name: logs_job_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
 CREATE INDEX logs_job_idx ON atlantis.logs USING btree (job_id, attempt, id);
+
+--
+-- Name: workflow_instances_active_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX workflow_instances_active_idx ON atlantis.workflow_instances USING btree (id) WHERE (state = 'compensating'::text);
+
+--
+-- Name: workflow_instances_deadline_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX workflow_instances_deadline_idx ON atlantis.workflow_instances USING btree (deadline) WHERE ((state = 'running'::text) AND (deadline IS NOT NULL));
+
+--
+-- Name: workflow_instances_finished_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX workflow_instances_finished_idx ON atlantis.workflow_instances USING btree (finished_at) WHERE (finished_at IS NOT NULL);
+
+--
+-- Name: workflow_instances_state_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX workflow_instances_state_idx ON atlantis.workflow_instances USING btree (state, id);
+
+--
+-- Name: workflow_instances_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances USING btree (workflow, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['running'::text, 'compensating'::text])));
 
 --
 -- Name: jobs_state_queue_stats; Type: STATISTICS; Schema: atlantis; Owner: -
@@ -726,3 +1005,16 @@ CREATE TRIGGER jobs_next_run BEFORE UPDATE OF state ON atlantis.jobs FOR EACH RO
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON atlantis.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION atlantis.notify_inserted();
+
+--
+-- Name: jobs jobs_workflow_advance; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_workflow_advance AFTER UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((new.workflow_id IS NOT NULL) AND (old.state IS DISTINCT FROM new.state) AND (new.state <> 'running'::text))) EXECUTE FUNCTION atlantis.workflow_advance();
+
+--
+-- Name: workflow_steps workflow_steps_workflow_id_fkey; Type: FK CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.workflow_steps
+    ADD CONSTRAINT workflow_steps_workflow_id_fkey FOREIGN KEY (workflow_id) REFERENCES atlantis.workflow_instances(id) ON DELETE CASCADE;

@@ -202,6 +202,13 @@ async def rescue(db: Connection, worker: str, limit: int) -> list[RescuedRow]:
                                timeout=10)
 
 
+async def workflow_sweep(db: Connection, batch: int) -> int:
+    """What only time finds in workflows (atlantis.workflow_sweep): deadlines passed, and
+    cancels a race left unsent. Returns how many workflows it acted on."""
+    rows = await db.fetch(Q.workflow_sweep, {"batch": batch}, timeout=10)
+    return int(rows[0][0]) if rows else 0
+
+
 async def cancel_requests(db: Connection, worker: str) -> list[int]:
     """Jobs running under ``worker`` that an operator asked to cancel."""
     return [job_id for (job_id,) in await db.fetch(Q.cancel_requests, {"worker": worker},

@@ -2,7 +2,9 @@
 
 Their worker is presumed dead: the attempt counts as failed and the row goes back at once
 (or to dead, or to cancelled if a cancel was requested). Outcomes of this supervisor still
-waiting to be written come first: rescued, they would be run again.
+waiting to be written come first: rescued, they would be run again. The same tick runs the
+workflow sweep (atlantis.workflow_sweep): workflows past their deadline, the one workflow
+transition that only time finds.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Rescue(Service):
             return
         rt.metrics.rescued.inc(len(rows))
         rt.ledger.rescued(r.id for r in rows)
+        try:  # workflows past their deadline: the one transition only time finds
+            await sql.workflow_sweep(self.db, rt.settings.rescue_batch)
+        except (DatabaseUnavailable, StatementRejected):
+            pass
         for r in rows:
             log.warning("job=%s: lease expired, its worker presumed dead; now %s", r.id, r.state,
                         extra={"job_id": r.id, "queue": r.queue})
