@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 import atlantis
 from atlantis import limits
@@ -382,3 +383,68 @@ def test_a_result_is_written_only_on_a_row_that_ends_complete(
     assert job_row(app_db, ids[2])["result"] == orjson.loads(deep)
     cancelled = job_row(app_db, ids[1])
     assert cancelled["state"] == "cancelled" and cancelled["result"] is None
+
+
+# ---- inside a workflow, under real supervisors ----------------------------------------------
+
+def _declare_flow(db: psycopg.Connection[Any], name: str, steps: list[dict[str, Any]]) -> None:
+    """A workflow of ``results.Return`` steps (its args are the job's, as tests/
+    test_workflow_store.py's ``declare`` writes a synced workflow)."""
+    fields = db.execute("SELECT fields FROM atlantis.job_types WHERE job = 'results.Return'"
+                        ).fetchone()
+    assert fields is not None
+    db.execute("INSERT INTO atlantis.workflow_types (workflow, fields, unique_fields, timeout,"
+               " steps) VALUES (%s, %s, '{}', NULL, %s)",
+               (name, Jsonb(fields[0]), Jsonb([{"job": "results.Return", "after": [],
+                                                 "compensate": None, **s} for s in steps])))
+
+
+def _start_flow(db: psycopg.Connection[Any], name: str, mode: str) -> int:
+    return atlantis.start_workflow(db, name, {"key": mode, "mode": mode})
+
+
+def _step_rows(db: psycopg.Connection[Any], wid: int) -> dict[str, dict[str, Any]]:
+    found = db.execute("SELECT step, id FROM atlantis.jobs WHERE workflow_id = %s AND NOT "
+                       "compensation", (wid,)).fetchall()
+    return {step: job_row(db, job_id) for step, job_id in found}
+
+
+def _workflow_state(db: psycopg.Connection[Any], wid: int) -> str:
+    row = db.execute("SELECT state FROM atlantis.workflows WHERE id = %s", (wid,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_a_step_sees_its_predecessors_results_and_its_key(
+        app_db: psycopg.Connection[Any], supervise: Any) -> None:
+    _declare_flow(app_db, "results.Chain", [{"step": "make"},
+                                            {"step": "see", "after": ["make"]}])
+    _start(supervise)
+    wid = _start_flow(app_db, "results.Chain", "context")
+    wait_for(lambda: _workflow_state(app_db, wid) == "complete", message="the workflow")
+    steps = _step_rows(app_db, wid)
+    first = {"workflow_id": wid, "step": "make", "idempotency_key": f"{wid}:make",
+             "results": {}, "compensating": None}
+    assert steps["make"]["result"] == first
+    assert steps["see"]["result"] == {"workflow_id": wid, "step": "see",
+                                      "idempotency_key": f"{wid}:see",
+                                      "results": {"make": first}, "compensating": None}
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    ("huge", "the step's return value cannot be stored as its result: " + TOO_LARGE),
+    ("object", "the step's return value cannot be stored as its result: " + NOT_JSON),
+    ("forge-invalid", "the result the child sent cannot be stored: it is not valid JSON ("),
+], ids=["huge", "object", "forge-invalid"])
+def test_a_step_whose_result_cannot_be_stored_ends_dead_unretried(
+        app_db: psycopg.Connection[Any], supervise: Any, mode: str, why: str) -> None:
+    _declare_flow(app_db, "results.One", [{"step": "only"}])
+    sup = _start(supervise)
+    wid = _start_flow(app_db, "results.One", mode)
+    wait_for(lambda: _workflow_state(app_db, wid) == "failed", message="the workflow failed")
+    row = _step_rows(app_db, wid)["only"]
+    assert (row["state"], row["attempt"], row["max_attempts"]) == ("dead", 1, 3)
+    assert row["result"] is None and row["error_count"] == 1
+    assert row["errors"][-1]["kind"] == "result" and row["last_error"].startswith(why)
+    assert row["last_error"].endswith("; the step is not retried (its effect already happened)")
+    assert "refused" not in sup.log() and sup.proc.poll() is None
