@@ -70,19 +70,23 @@ def test_encode_refuses_what_cannot_be_stored(value: object, why: str) -> None:
 
 def test_the_limit_is_on_the_bytes_of_json() -> None:
     at = "x" * (limits.MAX_RESULT_BYTES - 2)  # the quotes make it exactly the limit
-    assert results.encode(at)[1] is None and results.check(orjson.dumps(at).decode()) is None
+    assert results.encode(at)[1] is None and results.check(orjson.dumps(at).decode())[1] is None
     past = at + "x"
     assert results.encode(past)[1] is not None
     assert results.check(orjson.dumps(past).decode()) == (
-        "its JSON is 65537 bytes, more than the limit of 65536 bytes (64 KiB)")
+        None, "its JSON is 65537 bytes, more than the limit of 65536 bytes (64 KiB)")
     wide = "é" * (limits.MAX_RESULT_BYTES // 2)  # two bytes each in UTF-8
-    assert results.check(orjson.dumps(wide).decode()) is not None
+    assert results.check(orjson.dumps(wide).decode())[1] is not None
+    # As orjson writes it again, past the limit: "1e5" is "100000.0".
+    assert results.check("[" + ",".join(["1e5"] * 16000) + "]")[1] == (
+        "its JSON is 144001 bytes, more than the limit of 65536 bytes (64 KiB)")
 
 
 def test_depth_counts_containers_not_brackets_in_strings() -> None:
     at = "[" * limits.MAX_DEPTH + "]" * limits.MAX_DEPTH
-    assert results.check(at) is None and results.encode(orjson.loads(at)) == (at, None)
-    assert results.check(orjson.dumps({"s": "[{" * 100, "t": [[1]]}).decode()) is None
+    assert results.check(at) == (at, None) and results.encode(orjson.loads(at)) == (at, None)
+    shallow = orjson.dumps({"s": "[{" * 100, "t": [[1]]}).decode()
+    assert results.check(shallow) == (shallow, None)
 
 
 @pytest.mark.parametrize(("text", "nul"), [
@@ -97,7 +101,7 @@ def test_nul_is_found_only_where_json_has_one(text: str, nul: bool) -> None:
     value = orjson.loads(text)
     has = "\x00" in (value if isinstance(value, str) else "".join(value))
     assert has is nul
-    assert (results.check(text) == HAS_NUL) is nul
+    assert (results.check(text)[1] == HAS_NUL) is nul
 
 
 @pytest.mark.parametrize(("text", "why"), [
@@ -109,8 +113,15 @@ def test_nul_is_found_only_where_json_has_one(text: str, nul: bool) -> None:
     ('{"a": ' * 100 + "1" + "}" * 100, "it is nested 100 levels deep, more than the limit of 64"),
 ])
 def test_check_refuses_text_a_forger_sends(text: str, why: str) -> None:
-    found = results.check(text)
-    assert found is not None and found.startswith(why), found
+    stored, found = results.check(text)
+    assert stored is None and found is not None and found.startswith(why), found
+
+
+def test_what_the_supervisor_stores_is_what_orjson_writes_again() -> None:
+    """Every number then reads in jsonb: 1e-20000 is JSON, but jsonb refuses it."""
+    assert results.check(' {"a" : [1e-20000, 1e5, 12345678901234567890123] } ') == (
+        '{"a":[0.0,100000.0,1.2345678901234568e+22]}', None)
+    assert results.check('{"a":[1,2.5,"x",null]}') == ('{"a":[1,2.5,"x",null]}', None)
 
 
 def test_the_supervisor_stores_drops_or_kills_by_where_the_step_is() -> None:
@@ -119,7 +130,7 @@ def test_the_supervisor_stores_drops_or_kills_by_where_the_step_is() -> None:
     step = policy.AttemptFacts(1, 3, 1.0, 60.0, workflow=True)
     good = Done(job_id=1, outcome="complete", result='{"a": 1}')
     assert policy.decide(plain, limits_, good) == policy.Verdict("complete", True,
-                                                                 result='{"a": 1}')
+                                                                 result='{"a":1}')
     bad = Done(job_id=1, outcome="complete", result="{nope")
     dropped = policy.decide(plain, limits_, bad)
     assert (dropped.state, dropped.result, dropped.error) == ("complete", None, None)
@@ -374,12 +385,13 @@ def test_a_result_is_written_only_on_a_row_that_ends_complete(
     from atlantis.store.supervision import Result, finish_params
 
     deep = "[" * limits.MAX_DEPTH + "]" * limits.MAX_DEPTH  # as deep as a result may be
-    assert results.check(deep) is None
-    texts = ['{"stored": true}', '{"stored": true}', deep]
+    assert results.check(deep) == (deep, None)
+    tiny = results.check("[1e-20000]")[0]  # jsonb refuses the number as it was written
+    texts = [tiny, '{"stored": true}', deep]
     batch = [Result(i, 1, "complete", True, 0.0, None, None, "complete", None, 0, 0, 1, text)
              for i, text in zip(ids, texts, strict=True)]
     app_db.execute(queries.Q.finish, finish_params(worker, batch, "host", 1))
-    assert job_row(app_db, ids[0])["result"] == {"stored": True}
+    assert job_row(app_db, ids[0])["result"] == [0.0]
     assert job_row(app_db, ids[2])["result"] == orjson.loads(deep)
     cancelled = job_row(app_db, ids[1])
     assert cancelled["state"] == "cancelled" and cancelled["result"] is None

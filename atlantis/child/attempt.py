@@ -13,7 +13,8 @@ one of the error kinds of :data:`atlantis.protocol.messages.ErrorKind`:
   exits after reporting;
 - ``exception``: anything else (``KeyboardInterrupt`` and ``GeneratorExit`` included);
 - ``result``: in a workflow's step, the handler returned a value that cannot be its result
-  (not JSON, over 64 KiB of it, or holding NUL: :mod:`atlantis.protocol.results`); outcome
+  (not JSON, over 64 KiB of it, nested past 64 levels, or holding NUL:
+  :mod:`atlantis.protocol.results`); outcome
   ``discard``, as its effect already happened. Outside workflows such a value is stored as
   null instead, and one warning line goes to the attempt's stderr.
 

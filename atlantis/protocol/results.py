@@ -38,16 +38,30 @@ def encode(value: object) -> tuple[str | None, str | None]:
     return (None, why) if why is not None else (data.decode(), None)
 
 
-def check(text: str) -> str | None:
-    """Why the result text ``text`` (from a child) cannot be stored, or None if it can."""
+def check(text: str) -> tuple[str | None, str | None]:
+    """``(json_text, None)`` to store for the result text ``text`` a child sent, or
+    ``(None, why)`` if it cannot be stored.
+
+    The text stored is the value as orjson writes it again: every number then reads in
+    PostgreSQL's jsonb (``1e-20000`` is JSON, and orjson reads it as 0.0, but jsonb refuses
+    it: "value overflows numeric format").
+    """
     data = text.encode("utf-8", "surrogatepass")  # a lone surrogate: refused as not JSON
     if len(data) > MAX_RESULT_BYTES:
-        return _too_large(len(data))
+        return None, _too_large(len(data))
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        return f"it is not valid JSON ({_text(exc)})"
-    return _problem(data, value)
+        return None, f"it is not valid JSON ({_text(exc)})"
+    depth = _depth(value)  # first: orjson writes at most 254 levels
+    if depth > MAX_DEPTH:
+        return None, _too_deep(depth)
+    try:
+        data = orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:  # pragma: no cover - what orjson read, it writes
+        return None, f"it could not be written again as JSON ({_text(exc)})"
+    why = _problem(data, value)
+    return (None, why) if why is not None else (data.decode(), None)
 
 
 def _problem(data: bytes, value: object = None) -> str | None:
@@ -60,8 +74,12 @@ def _problem(data: bytes, value: object = None) -> str | None:
     if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
         depth = _depth(orjson.loads(data) if value is None else value)
         if depth > MAX_DEPTH:
-            return f"it is nested {depth} levels deep, more than the limit of {MAX_DEPTH}"
+            return _too_deep(depth)
     return None
+
+
+def _too_deep(depth: int) -> str:
+    return f"it is nested {depth} levels deep, more than the limit of {MAX_DEPTH}"
 
 
 def _depth(value: object) -> int:

@@ -185,9 +185,9 @@ def completed(facts: AttemptFacts, result: str | None) -> Verdict:
     checked it, but a handler may forge its frame), so that no result can fail the finish
     statement. One that cannot be stored ends a workflow's step ``dead`` (kind ``result``,
     not retried: its effect already happened); outside workflows it is dropped."""
-    why = None if result is None else results.check(result)
+    stored, why = (None, None) if result is None else results.check(result)
     if why is None:
-        return Verdict("complete", True, result=result)
+        return Verdict("complete", True, result=stored)
     if facts.workflow:
         error = {"attempt": facts.attempt, "kind": "result",
                  "message": clip(f"the result the child sent cannot be stored: {why}; the step "
