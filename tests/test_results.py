@@ -460,3 +460,33 @@ def test_a_step_whose_result_cannot_be_stored_ends_dead_unretried(
     assert row["errors"][-1]["kind"] == "result" and row["last_error"].startswith(why)
     assert row["last_error"].endswith("; the step is not retried (its effect already happened)")
     assert "refused" not in sup.log() and sup.proc.poll() is None
+
+
+def test_the_consoles_job_page_shows_the_result(app_db: psycopg.Connection[Any],
+                                                db_url: str) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    import warnings
+
+    with warnings.catch_warnings():  # as tests/test_console_api.py: httpx works
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from atlantis.console.app import create_app
+    from atlantis.console.settings import Settings
+
+    done, waiting = _enqueue(app_db, "dict"), _enqueue(app_db, "none")
+    app_db.execute("UPDATE atlantis.jobs SET state = 'complete', attempt = 1, started_at = now(),"
+                   " finished_at = now(), result = %s WHERE id = %s",
+                   ('{"imported": 12, "token": "hidden"}', done))
+    with TestClient(create_app(Settings(db_url, redact=frozenset({"token"}))),
+                    base_url="http://127.0.0.1") as c:
+        page = c.get(f"/jobs/{done}").text
+        block = page.split('<section id="result-block"', 1)[1].split("</section>", 1)[0]
+        assert " hidden" not in block.split(">", 1)[0]
+        assert "&#34;imported&#34;: 12" in block or "&quot;imported&quot;: 12" in block
+        assert "[redacted]" in block and "hidden&" not in block  # redacted as args are
+        assert c.get(f"/api/jobs/{done}").json()["result"] == {"imported": 12,
+                                                               "token": "[redacted]"}
+        empty = c.get(f"/jobs/{waiting}").text
+        assert '<section id="result-block" hidden>' in empty
