@@ -23,7 +23,6 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 import atlantis
 from atlantis import limits
@@ -282,8 +281,9 @@ def test_the_handler_sees_its_steps_context(result_child: ResultChild) -> None:
 
 @pytest.fixture
 def app_db(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    """The test's database with the results app's declarations synced."""
-    sync(db, list(load_app(APP).decls.values()))
+    """The test's database with the results app's declarations (and workflows) synced."""
+    registry = load_app(APP)
+    sync(db, list(registry.decls.values()), list(registry.workflows.values()))
     return db
 
 
@@ -399,18 +399,6 @@ def test_a_result_is_written_only_on_a_row_that_ends_complete(
 
 # ---- inside a workflow, under real supervisors ----------------------------------------------
 
-def _declare_flow(db: psycopg.Connection[Any], name: str, steps: list[dict[str, Any]]) -> None:
-    """A workflow of ``results.Return`` steps (its args are the job's, as tests/
-    test_workflow_store.py's ``declare`` writes a synced workflow)."""
-    fields = db.execute("SELECT fields FROM atlantis.job_types WHERE job = 'results.Return'"
-                        ).fetchone()
-    assert fields is not None
-    db.execute("INSERT INTO atlantis.workflow_types (workflow, fields, unique_fields, timeout,"
-               " steps) VALUES (%s, %s, '{}', NULL, %s)",
-               (name, Jsonb(fields[0]), Jsonb([{"job": "results.Return", "after": [],
-                                                 "compensate": None, **s} for s in steps])))
-
-
 def _start_flow(db: psycopg.Connection[Any], name: str, mode: str) -> int:
     return atlantis.start_workflow(db, name, {"key": mode, "mode": mode})
 
@@ -429,8 +417,6 @@ def _workflow_state(db: psycopg.Connection[Any], wid: int) -> str:
 
 def test_a_step_sees_its_predecessors_results_and_its_key(
         app_db: psycopg.Connection[Any], supervise: Any) -> None:
-    _declare_flow(app_db, "results.Chain", [{"step": "make"},
-                                            {"step": "see", "after": ["make"]}])
     _start(supervise)
     wid = _start_flow(app_db, "results.Chain", "context")
     wait_for(lambda: _workflow_state(app_db, wid) == "complete", message="the workflow")
@@ -450,7 +436,6 @@ def test_a_step_sees_its_predecessors_results_and_its_key(
 ], ids=["huge", "object", "forge-invalid"])
 def test_a_step_whose_result_cannot_be_stored_ends_dead_unretried(
         app_db: psycopg.Connection[Any], supervise: Any, mode: str, why: str) -> None:
-    _declare_flow(app_db, "results.One", [{"step": "only"}])
     sup = _start(supervise)
     wid = _start_flow(app_db, "results.One", mode)
     wait_for(lambda: _workflow_state(app_db, wid) == "failed", message="the workflow failed")

@@ -14,7 +14,8 @@
   (``forge-nul``) or a JSON string over 64 KiB (``forge-huge``), then exits at once (the
   supervisor reads the frame before it sees the exit).
 
-Each run prints ``ran <key> <mode>`` first.
+Each run prints ``ran <key> <mode>`` first. The workflows of ``results.atl`` run it as
+their steps: ``results.Chain`` (``make``, then ``see``) and ``results.One`` (``only``).
 """
 
 from __future__ import annotations
