@@ -429,6 +429,25 @@ def test_a_step_sees_its_predecessors_results_and_its_key(
                                       "results": {"make": first}, "compensating": None}
 
 
+def test_a_compensation_sees_what_it_undoes_under_its_own_key(
+        app_db: psycopg.Connection[Any], supervise: Any) -> None:
+    _start(supervise)
+    wid = _start_flow(app_db, "results.Undo", "undo")
+    wait_for(lambda: _workflow_state(app_db, wid) == "failed", message="the workflow failed")
+    made = _step_rows(app_db, wid)["make"]["result"]
+    assert made["idempotency_key"] == f"{wid}:make" and made["compensating"] is None
+    found = app_db.execute("SELECT id FROM atlantis.jobs WHERE workflow_id = %s AND step = "
+                           "'make' AND compensation", (wid,)).fetchall()
+    assert len(found) == 1
+    undo = job_row(app_db, found[0][0])
+    assert undo["state"] == "complete"
+    seen = undo["result"]
+    assert (seen["workflow_id"], seen["step"], seen["idempotency_key"]) == (
+        wid, "make", f"{wid}:make:compensate")
+    assert seen["results"] == {"make": made}
+    assert seen["compensating"][0] == "fail" and "fails on purpose" in seen["compensating"][1]
+
+
 @pytest.mark.parametrize(("mode", "why"), [
     ("huge", "the step's return value cannot be stored as its result: " + TOO_LARGE),
     ("object", "the step's return value cannot be stored as its result: " + NOT_JSON),

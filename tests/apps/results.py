@@ -9,13 +9,15 @@
   ``bigint``: ``2**70`` (orjson writes no integer past 64 bits);
 - ``context``: what the handler sees of its step: ``workflow_id``, ``step``,
   ``idempotency_key``, ``results`` and ``compensating`` (``[step, error]`` or None);
+  ``undo``: the same, but the step named ``fail`` raises ``Discard("fails on purpose")``;
 - ``forge-*``: writes a forged ``Done`` of outcome ``complete`` straight onto the events pipe,
   whose ``result`` is ``{not json`` (``forge-invalid``), ``{"a": "\\u0000"}``
   (``forge-nul``) or a JSON string over 64 KiB (``forge-huge``), then exits at once (the
   supervisor reads the frame before it sees the exit).
 
 Each run prints ``ran <key> <mode>`` first. The workflows of ``results.atl`` run it as
-their steps: ``results.Chain`` (``make``, then ``see``) and ``results.One`` (``only``).
+their steps: ``results.Chain`` (``make``, then ``see``), ``results.One`` (``only``) and
+``results.Undo`` (``make``, undone by a compensation when ``fail`` fails).
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def give_back(ctx: atlantis.JobContext, args: Any) -> Any:
         return {"a": "b\x00c"}
     if mode == "bigint":
         return 2**70
-    if mode == "context":
+    if mode == "undo" and ctx.step == "fail":
+        raise atlantis.Discard("fails on purpose")
+    if mode in ("context", "undo"):
         comp = ctx.compensating
         return {"workflow_id": ctx.workflow_id, "step": ctx.step,
                 "idempotency_key": ctx.idempotency_key, "results": dict(ctx.results),
