@@ -201,8 +201,8 @@ class Pool(Service):
             lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
             database_url=self.rt.settings.child_database_url, workflow=row.workflow,
         ))  # a child that died meanwhile is handled by its exit
-        if row.cancel_requested:  # cancelled while the claim was on its way
-            a.request_cancel(self.rt.now())
+        # (A row cancelled while its claim was on its way never gets here: Ledger.take_held
+        # ends it cancelled before any child takes it.)
         return True
 
     def _attempt_of(self, child: Child) -> Attempt | None:
