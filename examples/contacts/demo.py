@@ -100,18 +100,21 @@ def page_delay_for(crm: FakeCRM, accounts: Sequence[str], concurrency: int, seco
 
 
 @contextmanager
-def supervisor(url: str, crm_url: str, concurrency: int, log: IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    """``atlantis-supervise`` on the contacts queue, stopped by pid on the way out.
+def supervisor(url: str, crm_url: str, concurrency: int, log: IO[bytes], *, app: str = APP,
+               queues: Sequence[str] = (QUEUE,)) -> Iterator[subprocess.Popen[bytes]]:
+    """``atlantis-supervise`` on the contacts queue (or ``queues``), stopped by pid on the way
+    out.
 
     SIGTERM drains it (in-flight attempts may finish for the drain timeout, then are
     released without spending an attempt); SIGKILL only if it does not exit in time.
     """
-    cmd = [str(BIN / "atlantis-supervise"), "--queue", QUEUE, "--app", APP,
+    queue_args = [arg for queue in queues for arg in ("--queue", queue)]
+    cmd = [str(BIN / "atlantis-supervise"), *queue_args, "--app", app,
            "--concurrency", str(concurrency), "--drain-timeout", "5s", "--database-url", url]
     env = {**os.environ, CRM_URL_ENV: crm_url}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=False)
-    say(f"$ atlantis-supervise --queue {QUEUE} --app {APP} --concurrency {concurrency}"
+    say(f"$ atlantis-supervise {' '.join(queue_args)} --app {app} --concurrency {concurrency}"
         f"  (pid {proc.pid})")
     try:
         yield proc
