@@ -126,8 +126,8 @@ def create_account(ctx: atlantis.JobContext, args: AccountArgs) -> dict[str, Any
         owner, created_at = row
         if owner != ctx.idempotency_key:
             raise atlantis.Discard(f"account {account} already exists (created by {owner})")
-        return journal(conn, ctx, account, {"account_id": account,
-                                            "created_at": created_at.isoformat(timespec="seconds")})
+        created = created_at.isoformat(timespec="seconds")
+        return journal(conn, ctx, account, {"account_id": account, "created_at": created})
 
 
 @registry.handler("directory.ImportContacts")
