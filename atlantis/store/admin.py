@@ -73,6 +73,14 @@ class JobRow:
     run: int
     """1 for a new job, one more after each retry; ``attempt`` counts from 1 again in each
     run (a retry gives a fresh budget)."""
+    workflow_id: int | None
+    """The workflow whose step (or compensation) this row is; None outside workflows."""
+    step: str | None
+    compensation: bool
+    """True on a compensation's row, whose ``step`` is the step it undoes."""
+    result: Any
+    """The handler's return value (JSON) once the job completed; None before, or if it
+    returned nothing (or a value that could not be stored)."""
     stall_after: float
     stalled: bool
     db_now: datetime
