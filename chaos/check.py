@@ -29,7 +29,8 @@ And for workflows (issue 20), whose steps and compensations record their effect 
 - no workflow is left ``running`` or ``compensating``; ``compensation_failed`` only after
   a compensation ended ``dead``;
 - a workflow's state agrees with its rows: ``complete`` has every step complete and no
-  compensation; a failure names a dead step; ``cancelled`` only if a cancel was asked, and
+  compensation (never one whose step outlasts its timeout); a failure names a dead step;
+  ``cancelled`` only if a cancel was asked, and
   always if one was accepted while it ran; a step's row is cancelled only in a workflow
   that stopped, a compensation's never;
 - every step saw its predecessors' results and its idempotency key, every compensation its
@@ -75,6 +76,8 @@ class WorkflowRow:
     """``failed``, ``cancelled`` or ``timeout`` once it stopped; None while it runs or
     after it completed."""
     failed_step: str | None = None
+    slow: bool = False
+    """One step outlasts the workflow's timeout: it must not end ``complete``."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,8 @@ def check_workflow_states(h: History) -> Result:
         if w.cause == "failed" and (failed is None or failed.state != "dead"):
             bad.append(f"workflow {w.id} failed at step {w.failed_step}, whose row is "
                        f"{failed.state if failed else 'missing'}")
+        if w.slow and w.state == "complete":
+            bad.append(f"workflow {w.id} complete, though a step outlasts its timeout")
         if w.cause == "cancelled" and w.id not in h.workflow_cancelled:
             bad.append(f"workflow {w.id} cancelled, never asked")
     for wid in sorted(h.workflow_cancel_running):

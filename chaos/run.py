@@ -188,7 +188,8 @@ def read_history(cluster: Cluster, faults: Faults) -> check.History:
             "SELECT key, count(*) FROM chaos_effects WHERE key LIKE '%:%' GROUP BY key"
         ).fetchall()}
         workflows = [check.WorkflowRow(*r) for r in conn.execute(
-            "SELECT id, state, cause, failed_step FROM atlantis.workflow_instances ORDER BY id"
+            "SELECT id, state, cause, failed_step, args->>'doom' = 'slow' "
+            "  FROM atlantis.workflow_instances ORDER BY id"
         ).fetchall()]
         steps = [check.StepRow(*r) for r in conn.execute(
             "SELECT w.id, s.step, s.compensate, s.job_id, s.comp_job_id, "

@@ -187,6 +187,9 @@ def test_a_workflow_state_that_disagrees_with_its_rows_fails() -> None:
     assert name in failed(workflow_history(jobs=[step_row(11, 10, "a"),
                                                  step_row(12, 10, "b", "dead", attempt=3),
                                                  *jobs[2:]]))
+    # Complete, though a step outlasts its timeout: the timeout was not enforced.
+    assert name in failed(workflow_history(workflows=[WorkflowRow(10, "complete", slow=True),
+                                                      WorkflowRow(20, "failed", "failed", "b")]))
     # Failed at a step whose row completed.
     assert name in failed(workflow_history(workflows=[WorkflowRow(10, "complete"),
                                                       WorkflowRow(20, "failed", "failed", "a")]))
