@@ -73,6 +73,13 @@ class JobRow:
     run: int
     """1 for a new job, one more after each retry; ``attempt`` counts from 1 again in each
     run (a retry gives a fresh budget)."""
+    workflow_id: int | None
+    """The workflow whose step (or compensation) this row is; None outside workflows."""
+    step: str | None
+    """The step's name; in a compensation's row, the name of the step it undoes."""
+    compensation: bool
+    result: Any
+    """The handler's return value (JSON) once the row is ``complete``; None before."""
     stall_after: float
     stalled: bool
     db_now: datetime
