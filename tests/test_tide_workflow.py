@@ -173,6 +173,13 @@ def test_cancel_before_a_step_ran_and_job_commands_on_a_step(db: psycopg.Connect
     not_failed = tide(db_url, "workflow", "retry", str(workflow_id), check=False)
     assert not_failed.returncode == 1 and "compensation_failed" in said(not_failed)
 
+    # A step's row cancelled as a job cancels its whole workflow, and says so.
+    other = start(db_url, "console.Doomed", account_id="beta", message="boom")
+    other_row = status(db_url, other)["steps"][0]["job_id"]
+    said_cancel = tide(db_url, "job", "cancel", str(other_row)).stdout
+    assert f"is step create of workflow {other}: the workflow is cancelled" in said_cancel
+    assert status(db_url, other)["state"] == "cancelled"
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -161,10 +161,15 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
             after = operations.cancel(conn, job_id, by=operator_name())
         except JobNotFoundError as exc:
             fail(str(exc))
+        row = job_or_fail(conn, job_id)
         if after is None:
-            row = job_or_fail(conn, job_id)
             fail(f"job {job_id} is {row.state}; nothing to cancel")
-    if after == "running":
+    if row.workflow_id is not None:
+        what = "compensation of step" if row.compensation else "step"
+        click.echo(f"job {job_id} is {what} {safe(row.step or '?')} of workflow "
+                   f"{row.workflow_id}: the workflow is cancelled, with its compensations "
+                   f"(tide workflow status {row.workflow_id})")
+    elif after == "running":
         click.echo(f"job {job_id} is running; its supervisor is stopping it")
     else:
         click.echo(f"job {job_id} cancelled")
