@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,7 +22,10 @@ from psycopg.types.json import Jsonb
 
 from atlantis.store.workflows import workflow_counts, workflow_document
 from tests.conftest import wait_for
+from tests.test_roles import login
 from tests.test_tide import tide
+
+__all__ = ["login"]  # a fixture used here
 
 APP = "tests.apps.console_app:registry"
 STEP_KEYS = {"step", "job", "job_id", "compensation", "state", "attempt", "result",
@@ -241,3 +245,20 @@ def test_a_failed_step_compensates_and_the_gauges_count_workflows(
     again = wait_for(ended_again, timeout=60, message="the retried compensation to end")
     assert [(s["step"], s["compensation"]) for s in again["steps"]][:2] == [
         ("create", False), ("welcome", False)]
+
+
+def test_a_reader_reads_workflows_and_an_operator_cancels_them(
+        db: psycopg.Connection[Any], db_url: str, login: Callable[[str], str]) -> None:
+    declare_all(db)
+    workflow_id = start(db_url, "console.Doomed", account_id="acme", message="boom")
+    reader = login("atlantis_reader")
+    for args in (("status", str(workflow_id)), ("status", str(workflow_id), "--json"),
+                 ("list",), ("list", "--json")):
+        out = tide(reader, "workflow", *args, check=False)
+        assert out.returncode == 0, (args, out.stderr)
+    denied = tide(reader, "workflow", "cancel", str(workflow_id), check=False)
+    assert denied.returncode == 1 and "permission denied" in said(denied)
+    assert status(db_url, workflow_id)["state"] == "running"
+    operator = login("atlantis_operator")
+    tide(operator, "workflow", "cancel", str(workflow_id))
+    assert status(db_url, workflow_id)["state"] == "cancelled"
