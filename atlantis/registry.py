@@ -1,4 +1,4 @@
-"""The application: job declarations plus the Python handler for each."""
+"""The application: job and workflow declarations plus the Python handler for each job."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from atlantis.declarations.model import JobDecl
-from atlantis.declarations.parser import parse_atl_file
+from atlantis.declarations.model import JobDecl, WorkflowDecl
+from atlantis.declarations.parser import read_atl_file
+from atlantis.declarations.workflows import check_workflows
 from atlantis.errors import ConfigurationError, DeclarationError
 
 Handler = Callable[..., Any]
@@ -45,13 +46,16 @@ class Registry:
     """Declarations (from `.atl` files) and the handler registered for each job.
 
     ``ATLANTIS_APP=package.module:registry`` names one of these to the supervisor and to
-    ``tide``.
+    ``tide``. A workflow's steps are checked against the jobs once they are all known: by
+    :meth:`from_atl` after every file is read, by :meth:`add` for what it adds.
     """
 
-    def __init__(self, decls: Iterable[JobDecl] = ()) -> None:
+    def __init__(self, decls: Iterable[JobDecl] = (),
+                 workflows: Iterable[WorkflowDecl] = ()) -> None:
         self.decls: dict[str, JobDecl] = {}
+        self.workflows: dict[str, WorkflowDecl] = {}
         self.registrations: dict[str, Registration] = {}
-        self.add(decls)
+        self.add(decls, workflows)
 
     @classmethod
     def from_atl(cls, *paths: str | Path) -> Registry:
@@ -59,24 +63,48 @@ class Registry:
         caller = sys._getframe(1).f_code.co_filename
         base = Path(caller).resolve().parent if caller and not caller.startswith("<") else None
         decls: list[JobDecl] = []
+        workflows: list[WorkflowDecl] = []
         for raw in paths:
             path = Path(raw)
             if not path.is_absolute() and base is not None and (base / path).exists():
                 path = base / path
             try:
-                decls.extend(parse_atl_file(path))
+                found = read_atl_file(path)
             except OSError as exc:
                 raise ConfigurationError(f"cannot read {raw}: {exc.strerror or exc}") from exc
-        return cls(decls)
+            decls.extend(found.jobs)
+            workflows.extend(found.workflows)
+        return cls(decls, workflows)
 
-    def add(self, decls: Iterable[JobDecl]) -> None:
+    def add(self, decls: Iterable[JobDecl], workflows: Iterable[WorkflowDecl] = ()) -> None:
+        """Add jobs, then workflows, whose steps must name jobs known by then; nothing is
+        added when something is refused."""
+        jobs = dict(self.decls)
         for decl in decls:
-            if decl.qualified_name in self.decls:
+            if decl.qualified_name in jobs:
                 raise DeclarationError(
                     f"{decl.source}: job {decl.qualified_name} is declared twice "
-                    f"(first at {self.decls[decl.qualified_name].source})"
+                    f"(first at {jobs[decl.qualified_name].source})"
                 )
-            self.decls[decl.qualified_name] = decl
+            other = self.workflows.get(decl.qualified_name)
+            if other is not None:
+                raise DeclarationError(
+                    f"{decl.source}: job {decl.qualified_name} has the name of a workflow "
+                    f"(declared at {other.source}); a workflow and a job cannot share a name"
+                )
+            jobs[decl.qualified_name] = decl
+        flows = dict(self.workflows)
+        for workflow in workflows:
+            first = flows.get(workflow.qualified_name)
+            if first is not None:
+                raise DeclarationError(
+                    f"{workflow.name_at or workflow.source}: workflow "
+                    f"{workflow.qualified_name} is declared twice (first at {first.source})"
+                )
+            flows[workflow.qualified_name] = workflow
+        check_workflows(jobs, [flows[name] for name in flows if name not in self.workflows])
+        self.decls.update(jobs)
+        self.workflows.update(flows)
 
     def handler(self, job: str, *, args_type: type | None = None) -> Callable[[H], H]:
         """Decorator: ``@registry.handler("directory.ImportContacts")``."""

@@ -96,7 +96,8 @@ def prepare_template(admin_url: str, name: str) -> None:
     with psycopg.connect(url_for(admin_url, name)) as conn:
         migrate(conn)
         for app in SYNCED_APPS:
-            sync(conn, list(load_app(app).decls.values()))
+            registry = load_app(app)
+            sync(conn, list(registry.decls.values()), list(registry.workflows.values()))
         from tests.apps.basic import EVENTS_DDL
 
         conn.execute(EVENTS_DDL)

@@ -346,7 +346,7 @@ BAD_FILES = [
     ),
     pytest.param(
         SEED + "}\n",
-        "jobs.atl:8:1: unexpected '}' (expected 'job')",
+        "jobs.atl:8:1: unexpected '}' (expected 'job' or 'workflow')",
         id="stray-closing-brace",
     ),
     pytest.param(
@@ -619,7 +619,7 @@ BAD_FILES = [
     ),
     pytest.param(
         "jobs J in ns {\n}\n",
-        "jobs.atl:1:1: unexpected 'jobs' (expected 'job')",
+        "jobs.atl:1:1: unexpected 'jobs' (expected 'job' or 'workflow')",
         id="misspelt-job",
     ),
     pytest.param(

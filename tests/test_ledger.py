@@ -115,3 +115,26 @@ def test_a_cancel_reaches_the_attempt_in_flight_once() -> None:
     ledger.cancel(7)
     ledger.cancel(8)  # not ours: nothing
     assert heard == 1000.0 and a.cancel_heard_at == heard
+
+
+def test_a_row_cancelled_before_a_child_takes_it_never_starts() -> None:
+    ledger, clock = _ledger()
+    told = ledger.claimed(_row(1), clock())  # cancelled while held (a NOTIFY, a workflow)
+    on_claim = ledger.claimed(ClaimedRow(2, "q.Job", "q", "{}", 1, 3, True, 60.0, 30.0, 1.0,
+                                         datetime.now(UTC)), clock())  # cancelled at claim
+    runs = ledger.claimed(_row(3), clock())
+    for a in (told, on_claim, runs):
+        ledger.hold(a)
+    ledger.cancel(1)
+    started: list[int] = []
+
+    def start(a: Attempt) -> bool:
+        started.append(a.job_id)
+        return True
+
+    ledger.take_held(lambda: True, start)
+    assert started == [3]
+    ended = {a.job_id: r for a, r in ledger.take_ended(10)}
+    assert sorted(ended) == [1, 2]
+    assert all(r.state == "cancelled" and r.error is not None and r.error["kind"] == "cancelled"
+               and r.child_pid is None for r in ended.values())

@@ -393,3 +393,18 @@ def test_roles_start_cancel_advance_and_read_workflows(db: psycopg.Connection[An
     assert db.execute("SELECT atlantis.cancel_workflow(%s)", (wid,)).fetchone() == (
         "compensating",)
     db.execute("RESET ROLE")
+
+
+def test_a_step_that_cannot_start_fails_the_workflow(db: psycopg.Connection[Any]) -> None:
+    declare(db, CHAIN)
+    wid = start(db)
+    # import's job now needs a field the workflow does not have.
+    db.execute("UPDATE atlantis.job_types SET fields = fields || %s WHERE job = 'wf.Import'",
+               (Jsonb([{"name": "extra", "type": "int", "length": None, "array": False,
+                        "not_null": True, "has_default": False, "default": None}]),))
+    run(db, rows(db, wid)["create", False]["id"])  # the finish itself is never refused
+    w = db.execute("SELECT state, error, failed_step FROM atlantis.workflows").fetchone()
+    assert w is not None and w[0] == "compensating" and w[2] == "import"
+    assert w[1].startswith("step import could not start: job wf.Import: field extra is required")
+    run(db, rows(db, wid)["create", True]["id"])
+    assert state(db, wid) == "failed"

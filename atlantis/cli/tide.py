@@ -155,7 +155,7 @@ def db_migrate(ctx: click.Context, app: str | None) -> None:
     with connection(ctx, autocommit=False, deadline=False) as conn:
         applied = migrate(conn)
         if registry is not None:
-            sync(conn, list(registry.decls.values()))
+            sync(conn, list(registry.decls.values()), registry.workflows.values())
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date", err=True)
 
 
@@ -167,7 +167,7 @@ def db_sync(ctx: click.Context, app: str) -> None:
     registry = _load(app)
     with connection(ctx, autocommit=False, deadline=False) as conn:
         migrate(conn)
-        sync(conn, list(registry.decls.values()))
+        sync(conn, list(registry.decls.values()), registry.workflows.values())
     click.echo(f"synced {len(registry.decls)} declarations", err=True)
 
 
@@ -183,13 +183,13 @@ def _load(app: str) -> atlantis.Registry:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--check", is_flag=True, help="Fail if OUTPUT is not what would be generated.")
 def gen(source: Path, output: Path, check: bool) -> None:
-    """Write a typed Python module for the declarations in SOURCE."""
-    from atlantis.declarations import parse_atl_file
+    """Write a typed Python module for the jobs and workflows declared in SOURCE."""
+    from atlantis.declarations import read_atl_file
     from atlantis.declarations.codegen import generate_module
 
     try:
-        decls = parse_atl_file(source)
-        text = generate_module(decls, source.name)
+        found = read_atl_file(source)
+        text = generate_module(found.jobs, source.name, found.workflows)
     except OSError as exc:
         fail(f"cannot read {source}: {exc.strerror or exc}", code=2)
     except AtlantisError as exc:

@@ -1,6 +1,16 @@
-"""Job declarations: the `.atl` language, its model, and the code generated from it."""
+"""Job and workflow declarations: the `.atl` language, its model, and the code generated
+from it."""
 
-from atlantis.declarations.model import BASE_TYPES, Field, JobDecl
-from atlantis.declarations.parser import parse_atl, parse_atl_file
+from atlantis.declarations.model import BASE_TYPES, Field, JobDecl, StepDecl, WorkflowDecl
+from atlantis.declarations.parser import (
+    Declarations,
+    parse_atl,
+    parse_atl_file,
+    read_atl,
+    read_atl_file,
+)
 
-__all__ = ["BASE_TYPES", "Field", "JobDecl", "parse_atl", "parse_atl_file"]
+__all__ = [
+    "BASE_TYPES", "Declarations", "Field", "JobDecl", "StepDecl", "WorkflowDecl", "parse_atl",
+    "parse_atl_file", "read_atl", "read_atl_file",
+]  # fmt: skip

@@ -40,7 +40,7 @@ from atlantis.declarations.raw import (
 from atlantis.units import INT_RANGES
 
 # MAX_DEPTH and MAX_NUMBER_CHARS (atlantis.limits) stay importable from here for enqueue.py.
-__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "TYPES", "check_file"]
+__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "TYPES", "Checker", "check_file"]
 
 #: The argument types as a user writes them, in the order error messages list them.
 TYPES = (
@@ -55,11 +55,14 @@ _INT32_MAX = INT_RANGES["int"][1]
 
 def check_file(jobs: list[RawJob], source: Source) -> list[JobDecl]:
     """The JobDecls of one file, in file order; DeclarationError for the first fault."""
-    return _Checker(source).file(jobs)
+    return Checker(source).file(jobs)
 
 
-class _Checker:
-    """Turns raw blocks into JobDecls, refusing what the grammar let through."""
+class Checker:
+    """Turns raw blocks into JobDecls, refusing what the grammar let through.
+
+    Workflow blocks (``workflows.py``) use its ``fields``, ``unique`` and ``literals``.
+    """
 
     def __init__(self, source: Source) -> None:
         self.source = source

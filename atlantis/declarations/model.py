@@ -98,3 +98,53 @@ class JobDecl:
             "tz": self.tz,
             "source": self.source,
         }
+
+
+@dataclass(frozen=True)
+class StepDecl:
+    """``step NAME JOB [after STEP, ...] [compensate JOB]`` of a workflow."""
+
+    name: str  # e.g. "import"
+    job: str  # qualified, e.g. "directory.ImportContacts"
+    after: tuple[str, ...] = ()  # names of steps of the same workflow
+    compensate: str | None = None  # qualified job name
+    source: str = field(default="", compare=False)  # "file:line:column" of its name
+    job_at: str = field(default="", compare=False)  # "file:line:column" of its job
+    compensate_at: str = field(default="", compare=False)  # ... of its compensate job
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.name,
+            "job": self.job,
+            "after": list(self.after),
+            "compensate": self.compensate,
+        }
+
+
+@dataclass(frozen=True)
+class WorkflowDecl:
+    """One ``workflow Name in namespace { ... }`` block."""
+
+    name: str  # e.g. "Onboard"
+    namespace: str  # e.g. "onboarding"
+    fields: tuple[Field, ...] = ()
+    steps: tuple[StepDecl, ...] = ()  # in declaration order
+    timeout: float | None = None  # seconds of the forward phase, from its start; None: unbounded
+    unique: tuple[str, ...] = ()
+    source: str = field(default="", compare=False)  # "file:line"
+    name_at: str = field(default="", compare=False)  # "file:line:column" of its name
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The form stored in ``atlantis.workflow_types``."""
+        return {
+            "workflow": self.qualified_name,
+            "fields": [f.to_json() for f in self.fields],
+            "unique_fields": list(self.unique),
+            "timeout": self.timeout,
+            "steps": [s.to_json() for s in self.steps],
+            "source": self.source,
+        }

@@ -1,4 +1,4 @@
-"""Reading `.atl` files into :class:`JobDecl` values: the syntax.
+"""Reading `.atl` files into :class:`JobDecl` and :class:`WorkflowDecl` values: the syntax.
 
 The grammar (``atl.lark``) fixes the shape of a file; this module runs it, rewords its
 refusals, and walks the tree into raw blocks (``raw.py``) that keep every token. Everything
@@ -15,19 +15,22 @@ import functools
 import importlib.resources
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from atlantis.declarations.checks import TYPES, check_file
-from atlantis.declarations.model import JobDecl
+from atlantis.declarations.model import JobDecl, WorkflowDecl
 from atlantis.declarations.raw import (
     RawField,
     RawJob,
     RawOption,
     RawStatement,
+    RawStep,
     RawType,
+    RawWorkflow,
     Source,
     Tree,
     error,
@@ -36,9 +39,13 @@ from atlantis.declarations.raw import (
     subtrees,
     tokens,
 )
+from atlantis.declarations.workflows import WORKFLOW_MODIFIERS, check_workflows_of_file
 from atlantis.errors import DeclarationError
 
-__all__ = ["MODIFIERS", "TYPES", "parse_atl", "parse_atl_file"]
+__all__ = [
+    "MODIFIERS", "TYPES", "WORKFLOW_MODIFIERS", "Declarations", "parse_atl", "parse_atl_file",
+    "read_atl", "read_atl_file",
+]  # fmt: skip
 
 #: The statements a job block may hold, in the order error messages list them.
 MODIFIERS = ("args", "retries", "timeout", "heartbeat", "queue", "priority", "unique", "backoff",
@@ -51,6 +58,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TERMINALS = {
     "NAME": "a name",
     "TYPE_NAME": "a type",
+    "JOB_NAME": "a job name",
     "NUMBER": "a number",
     "DURATION": "a duration such as 30s or 1h30m",
     "STRING": "a string in double quotes",
@@ -58,6 +66,8 @@ _TERMINALS = {
     "$END": "end of file",
 }
 _MODIFIER_TERMINALS = frozenset(m.upper() for m in MODIFIERS)
+_WORKFLOW_MODIFIER_TERMINALS = frozenset(m.upper() for m in WORKFLOW_MODIFIERS)
+_BLOCKS = ("job", "workflow")
 _VALUE_TERMINALS = frozenset({"STRING", "NUMBER", "TRUE", "FALSE", "NULL", "LSQB", "LBRACE"})
 
 
@@ -76,17 +86,44 @@ def _parser() -> lark.Lark:
     return lark.Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True)
 
 
-def parse_atl(text: str, filename: str = "<string>") -> list[JobDecl]:
-    """The jobs declared in `text`, in file order; `filename` is only used in messages."""
+@dataclass(frozen=True)
+class Declarations:
+    """What one `.atl` file declares, each kind in file order."""
+
+    jobs: list[JobDecl]
+    workflows: list[WorkflowDecl]
+
+
+def read_atl(text: str, filename: str = "<string>") -> Declarations:
+    """The jobs and workflows declared in `text`; `filename` is only used in messages.
+
+    A workflow's steps may name jobs of other files: whether those exist, and take the
+    workflow's args, is checked once every file is read (:func:`check_workflows`, which
+    the Registry runs).
+    """
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, filename) from None
-    return check_file(_walk(tree), Source(text, filename))
+    source = Source(text, filename)
+    raw_jobs, raw_workflows = _walk(tree)
+    jobs = check_file(raw_jobs, source)
+    return Declarations(jobs, check_workflows_of_file(raw_workflows, jobs, source))
+
+
+def parse_atl(text: str, filename: str = "<string>") -> list[JobDecl]:
+    """The jobs declared in `text`, in file order; `filename` is only used in messages."""
+    return read_atl(text, filename).jobs
 
 
 def parse_atl_file(path: str | Path) -> list[JobDecl]:
     """The jobs declared in the UTF-8 file at `path` (OSError when it cannot be read)."""
+    return read_atl_file(path).jobs
+
+
+def read_atl_file(path: str | Path) -> Declarations:
+    """The jobs and workflows declared in the UTF-8 file at `path` (OSError when it cannot
+    be read)."""
     raw = Path(path).read_bytes()
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8) :]
@@ -99,7 +136,7 @@ def parse_atl_file(path: str | Path) -> list[JobDecl]:
         raise DeclarationError(
             f"{path}:{line}:{column}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"
         ) from None
-    return parse_atl(text, str(path))
+    return read_atl(text, str(path))
 
 
 # --------------------------------------------------------------------------- syntax errors
@@ -119,10 +156,13 @@ def _syntax_error(exc: UnexpectedInput, text: str, filename: str) -> Declaration
     if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
         token = exc.token
         expected = _expected(exc)
-        if token == "job" and open_bracket is not None:
-            what = f"unexpected 'job': {_describe_open(open_bracket)}"
+        if token in _BLOCKS and open_bracket is not None:
+            what = f"unexpected '{token}': {_describe_open(open_bracket)}"
         elif _MODIFIER_TERMINALS.issubset(expected) and _WORD.fullmatch(token):
             what = f"unknown modifier {_show(token)} (expected one of: {', '.join(MODIFIERS)})"
+        elif _WORKFLOW_MODIFIER_TERMINALS.issubset(expected) and _WORD.fullmatch(token):
+            what = (f"unknown workflow modifier {_show(token)} "
+                    f"(expected one of: {', '.join(WORKFLOW_MODIFIERS)})")
         else:
             what = f"unexpected {_show(token)}{_describe_expected(expected)}"
         return error(filename, *position(token), what)
@@ -174,9 +214,9 @@ def _describe_open(bracket: lark.Token) -> str:
 def _describe_expected(expected: Iterable[str]) -> str:
     names = set(expected)
     if "JOB" in names:
-        # Between jobs, blank lines and the end of the file are allowed too; saying so
-        # would only bury the one thing that can start here.
-        names = {"JOB"}
+        # Between blocks, blank lines and the end of the file are allowed too; saying so
+        # would only bury the two things that can start here.
+        return " (expected 'job' or 'workflow')"
     elif len(names) > 1:
         names.discard("$END")
     words = []
@@ -216,9 +256,18 @@ def _show(token: lark.Token) -> str:
 # --------------------------------------------------------------------------- the walk
 
 
-def _walk(tree: Tree) -> list[RawJob]:
-    """The parse tree as raw blocks, in file order; refuses nothing."""
-    return [_job(job) for job in subtrees(tree)]
+def _walk(tree: Tree) -> tuple[list[RawJob], list[RawWorkflow]]:
+    """The parse tree as raw blocks, each kind in file order; refuses nothing."""
+    jobs: list[RawJob] = []
+    workflows: list[RawWorkflow] = []
+    for block in subtrees(tree):
+        if block.data == "workflow":
+            keyword, name, _in, namespace = tokens(block)
+            statements = tuple(_statement(s) for s in subtrees(block))
+            workflows.append(RawWorkflow(keyword, name, namespace, statements))
+        else:
+            jobs.append(_job(block))
+    return jobs, workflows
 
 
 def _job(tree: Tree) -> RawJob:
@@ -233,6 +282,16 @@ def _statement(tree: Tree) -> RawStatement:
         return RawStatement(modifier, words[0], fields=tuple(_field(f) for f in subtrees(tree)))
     if modifier == "unique":
         return RawStatement(modifier, words[0], names=tuple(words[1:]))
+    if modifier == "step":
+        after: tuple[lark.Token, ...] = ()
+        compensate: lark.Token | None = None
+        for part in subtrees(tree):
+            if part.data == "after":
+                after = tuple(tokens(part)[1:])
+            else:
+                compensate = tokens(part)[1]
+        step = RawStep(words[1], words[2], after, compensate)
+        return RawStatement(modifier, words[0], value=words[1], step=step)
     return RawStatement(modifier, words[0], value=words[1])
 
 

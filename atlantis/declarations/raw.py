@@ -43,19 +43,40 @@ class RawField:
 
 
 @dataclass(frozen=True)
-class RawStatement:
-    """One modifier of a job block, e.g. ``retries 3`` or ``args { ... }``."""
+class RawStep:
+    """``step NAME JOB [after STEP, ...] [compensate JOB]`` of a workflow block."""
 
-    modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, backoff, ...
+    name: lark.Token
+    job: lark.Token  # as written: `Name` or `namespace.Name`
+    after: tuple[lark.Token, ...]
+    compensate: lark.Token | None
+
+
+@dataclass(frozen=True)
+class RawStatement:
+    """One modifier of a job or workflow block, e.g. ``retries 3`` or ``args { ... }``."""
+
+    modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, step, ...
     head: lark.Token  # the keyword
     value: lark.Token | None = None  # the single value of retries, timeout, queue, ...
     fields: tuple[RawField, ...] = ()  # args
     names: tuple[lark.Token, ...] = ()  # unique
+    step: RawStep | None = None  # step
 
 
 @dataclass(frozen=True)
 class RawJob:
     """``job Name in namespace { statements }``."""
+
+    keyword: lark.Token
+    name: lark.Token
+    namespace: lark.Token
+    statements: tuple[RawStatement, ...]
+
+
+@dataclass(frozen=True)
+class RawWorkflow:
+    """``workflow Name in namespace { statements }``."""
 
     keyword: lark.Token
     name: lark.Token
@@ -95,6 +116,12 @@ def quote(text: str) -> str:
     if len(text) > 40:
         text = text[:37] + "..."
     return f"'{text}'"
+
+
+def at(filename: str, token: lark.Token) -> str:
+    """``file:line:column`` of a token, kept in a declaration for refusals made later."""
+    line, column = position(token)
+    return f"{filename}:{line}:{column}"
 
 
 def position(token: lark.Token) -> tuple[int, int]:

@@ -13,12 +13,13 @@ them at the same moment; grants are per database (and copied with a template).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any, LiteralString
 
 import psycopg
 
-from atlantis.declarations.model import JobDecl
+from atlantis.declarations.model import JobDecl, WorkflowDecl
 from atlantis.store import functions
 from atlantis.store.doctor import require_server_version
 from atlantis.store.queries import Q
@@ -292,8 +293,10 @@ def _may_grant(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def sync(conn: psycopg.Connection[Any], decls: list[JobDecl]) -> None:
-    """Store the declarations in ``atlantis.job_types``; enqueues validate against them."""
+def sync(conn: psycopg.Connection[Any], decls: list[JobDecl],
+         workflows: Iterable[WorkflowDecl] = ()) -> None:
+    """Store the declarations in ``atlantis.job_types`` and ``atlantis.workflow_types``;
+    enqueues and workflow starts validate against them."""
     from psycopg.types.json import Jsonb
 
     with conn.transaction():
@@ -308,5 +311,15 @@ def sync(conn: psycopg.Connection[Any], decls: list[JobDecl]) -> None:
                     "unique_fields": d["unique_fields"], "fields": Jsonb(d["fields"]),
                     "source": d["source"], "stall": d["stall"], "schedule": d["schedule"],
                     "tz": d["tz"],
+                },
+            )
+        for workflow in workflows:
+            w = workflow.to_json()
+            conn.execute(
+                Q.sync_workflow_type,
+                {
+                    "workflow": w["workflow"], "fields": Jsonb(w["fields"]),
+                    "unique_fields": w["unique_fields"], "timeout": w["timeout"],
+                    "steps": Jsonb(w["steps"]), "source": w["source"],
                 },
             )

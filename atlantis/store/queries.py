@@ -58,6 +58,7 @@ class Queries:
     schedule_list: LiteralString
     retention_prune: LiteralString
     retention_prune_schedule_runs: LiteralString
+    sync_workflow_type: LiteralString
     # console.sql (the web console)
     console_jobs_page: LiteralString
     console_max_id: LiteralString

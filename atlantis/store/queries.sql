@@ -321,3 +321,14 @@ SELECT count(*) FILTER (WHERE j.state = 'running'
        count(*) FILTER (WHERE j.state = 'dead') AS dead
   FROM atlantis.jobs j LEFT JOIN atlantis.job_types t ON t.job = j.job
  WHERE j.queue = ANY(%(queues)s::text[]) AND j.state IN ('running', 'dead')
+
+-- name: sync_workflow_type
+-- A workflow's declaration (WorkflowDecl.to_json); atlantis.start_workflow reads it.
+INSERT INTO atlantis.workflow_types (workflow, fields, unique_fields, timeout, steps, source,
+                                     synced_at)
+VALUES (%(workflow)s, %(fields)s, %(unique_fields)s,
+        make_interval(secs => %(timeout)s::double precision), %(steps)s, %(source)s, now())
+ON CONFLICT (workflow) DO UPDATE SET
+    fields = excluded.fields, unique_fields = excluded.unique_fields,
+    timeout = excluded.timeout, steps = excluded.steps, source = excluded.source,
+    synced_at = excluded.synced_at

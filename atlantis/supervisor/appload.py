@@ -4,8 +4,8 @@ The supervisor imported the app once, at start. A reload must see the code as it
 and a module that fails to import (a syntax error, a bad ``.atl``) or never finishes
 importing must cost the supervisor nothing: so the app is imported by a short-lived
 ``python -m atlantis.supervisor.appload APP`` with the children's environment, which
-writes what the supervisor needs (every declaration, the jobs that have a handler) as one
-JSON document on its stdout and exits. Anything the app itself prints while importing goes
+writes what the supervisor needs (every declaration, workflows included, and the jobs that
+have a handler) as one JSON document on its stdout and exits. Anything the app itself prints while importing goes
 to stderr, which is discarded (the children print it again when they import the app).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from atlantis.declarations.model import Field, JobDecl
+from atlantis.declarations.model import Field, JobDecl, StepDecl, WorkflowDecl
 
 LOAD_TIMEOUT = 60.0
 """The longest an import of the app may take during a reload."""
@@ -34,6 +34,8 @@ class LoadedApp:
     """Every declaration of the app, as ``tide db sync`` would store them."""
     jobs: list[str]
     """The jobs that have a handler, sorted."""
+    workflows: list[WorkflowDecl] = dataclasses.field(default_factory=list)
+    """Every workflow declaration of the app."""
 
 
 class AppLoadError(Exception):
@@ -49,6 +51,14 @@ def decl_from_dict(raw: dict[str, Any]) -> JobDecl:
     values["fields"] = tuple(Field(**f) for f in raw["fields"])
     values["unique"] = tuple(raw["unique"])
     return JobDecl(**values)
+
+
+def workflow_from_dict(raw: dict[str, Any]) -> WorkflowDecl:
+    values = dict(raw)
+    values["fields"] = tuple(Field(**f) for f in raw["fields"])
+    values["steps"] = tuple(StepDecl(**{**s, "after": tuple(s["after"])}) for s in raw["steps"])
+    values["unique"] = tuple(raw["unique"])
+    return WorkflowDecl(**values)
 
 
 async def load(app: str, env: dict[str, str], timeout: float = LOAD_TIMEOUT) -> LoadedApp:
@@ -73,7 +83,8 @@ async def load(app: str, env: dict[str, str], timeout: float = LOAD_TIMEOUT) -> 
     if proc.returncode != 0 or "error" in doc:
         raise AppLoadError(str(doc.get("error") or f"exit code {proc.returncode}"))
     try:
-        return LoadedApp([decl_from_dict(d) for d in doc["decls"]], sorted(doc["jobs"]))
+        return LoadedApp([decl_from_dict(d) for d in doc["decls"]], sorted(doc["jobs"]),
+                         [workflow_from_dict(w) for w in doc.get("workflows", ())])
     except (KeyError, TypeError, ValueError) as exc:
         raise AppLoadError(f"--app {app!r}: unreadable answer from the process importing it: "
                          f"{exc}") from None
@@ -98,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         if not registry.registrations:
             raise AppLoadError(f"--app {args[0]!r}: no handler is registered")
         doc: dict[str, Any] = {"decls": [decl_to_dict(d) for d in registry.decls.values()],
-                               "jobs": sorted(registry.registrations)}
+                               "jobs": sorted(registry.registrations),
+                               "workflows": [dataclasses.asdict(w)
+                                             for w in registry.workflows.values()]}
         code = 0
     except Exception as exc:
         text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())

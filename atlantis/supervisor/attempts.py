@@ -35,6 +35,8 @@ class Attempt:
     lost: bool = False
     """The lease is gone: nothing more may be written for this attempt."""
     finished: bool = False
+    cancelled_while_held: bool = False
+    """A cancel reached it before a child took it: it ends cancelled and never starts."""
     cancel_heard_at: float | None = None
     """When this supervisor heard that an operator cancelled the job (the grace starts)."""
     child_pid: int | None = None

@@ -25,7 +25,7 @@ from tenacity.stop import stop_base
 
 from atlantis import environ
 from atlantis.app import load_app
-from atlantis.declarations import JobDecl
+from atlantis.declarations import JobDecl, WorkflowDecl
 from atlantis.errors import AtlantisError
 from atlantis.store import connect, migrate, sync
 from atlantis.store.database import (
@@ -99,7 +99,8 @@ def main(**values: Any) -> None:
     else:
         announce(url, embedded=not explicit)
     try:
-        _prepare(url, list(registry.decls.values()), settings.startup_timeout, early)
+        _prepare(url, list(registry.decls.values()), settings.startup_timeout, early,
+                 workflows=list(registry.workflows.values()))
     except psycopg.OperationalError as exc:
         if early:  # asked to stop while we waited: that is a clean stop
             sys.exit(0)
@@ -123,7 +124,8 @@ def _first_line(exc: BaseException, url: str = "") -> str:
     return describe_db_error(exc, url)
 
 
-def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) -> None:
+def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int], *,
+             workflows: list[WorkflowDecl]) -> None:
     """Migrate and sync the declarations, waiting up to ``budget`` for the database.
 
     Under systemd the supervisor may start before PostgreSQL accepts connections (both
@@ -169,7 +171,7 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int]) ->
                 ahead = schema_ahead(conn)
                 if ahead is not None:
                     log.warning("%s", ahead)
-                sync(conn, decls)
+                sync(conn, decls, workflows)
     finally:
         notifier.close()
         if problem:

@@ -85,6 +85,10 @@ class Ledger:
                 self.end(a, policy.RELEASE)
                 given += 1
                 expired += policy.lease_lost(now, a.lease_end, a.heartbeat)
+            elif a.row.cancel_requested or a.cancelled_while_held:
+                # Cancelled before any child took it (a workflow that stopped, say): it
+                # never starts, and ends cancelled as a cancelled attempt does.
+                self.end(a, policy.Verdict("cancelled", True, error=policy.cancel_error(a.facts)))
             elif not start(a):
                 kept.append(a)
         self.held.extendleft(reversed(kept))
@@ -120,7 +124,11 @@ class Ledger:
             0.9 * self.typical_attempt + 0.1 * took)
 
     def cancel(self, job_id: int) -> None:
-        """An operator cancelled the job: tell its attempt here, if any; the grace starts."""
+        """An operator cancelled the job: tell its attempt here, if any; the grace starts. A
+        row held ahead ends cancelled instead of starting (:meth:`take_held`)."""
+        for held in self.held:
+            if held.job_id == job_id:
+                held.cancelled_while_held = True
         a = self.in_flight.get(job_id)
         if a is not None and a.request_cancel(self.now()):
             log.info("%s: cancelled by an operator; the handler has %s to return", a.tag(),

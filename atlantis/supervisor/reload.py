@@ -17,7 +17,7 @@ import logging
 
 import psycopg
 
-from atlantis.declarations.model import JobDecl
+from atlantis.declarations.model import JobDecl, WorkflowDecl
 from atlantis.store import connect, sync
 from atlantis.store.database import describe_db_error
 from atlantis.supervisor import appload
@@ -29,10 +29,10 @@ from atlantis.units import format_duration
 log = logging.getLogger("atlantis.supervisor")
 
 
-def _sync(url: str, decls: list[JobDecl]) -> None:
+def _sync(url: str, decls: list[JobDecl], workflows: list[WorkflowDecl]) -> None:
     """Store the declarations, as the start does (in a thread: psycopg's blocking API)."""
     with connect(url, connect_timeout=5) as conn:
-        sync(conn, decls)
+        sync(conn, decls, workflows)
 
 
 def served(decls: list[JobDecl], jobs: list[str], queues: tuple[str, ...]) -> list[JobDecl]:
@@ -86,8 +86,9 @@ class Reloader:
         if self.rt.draining:
             return
         try:
-            await asyncio.wait_for(asyncio.to_thread(_sync, s.database_url, app.decls),
-                                   s.reload_timeout)
+            await asyncio.wait_for(
+                asyncio.to_thread(_sync, s.database_url, app.decls, app.workflows),
+                s.reload_timeout)
         except (psycopg.Error, TimeoutError) as exc:
             why = (describe_db_error(exc, s.database_url) if isinstance(exc, psycopg.Error)
                    else f"no answer within {format_duration(s.reload_timeout)}")
