@@ -1,6 +1,6 @@
 """Workflows in the console: the API, the pages, the actions behind the token (audited),
 and the live stream of a workflow's steps from a real console process and a real
-supervisor. The workflows are the ones tests/test_tide_workflow.py declares."""
+supervisor. The workflows are the console test app's (tests/apps/console_app.atl)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ import pytest
 pytest.importorskip("starlette")
 
 from tests.test_console_api import BEARER, Client, Console, client, console_server, read_events
-from tests.test_tide_workflow import APP, declare_all, start, wait_workflow
+from tests.test_tide_workflow import APP, start, wait_workflow
 
 __all__ = ["client", "console_server"]  # fixtures used here
 
 
 def test_api_lists_and_shows_workflows(db: psycopg.Connection[Any], db_url: str,
                                        client: Client) -> None:
-    declare_all(db)
     first = start(db_url, "console.Diamond", account_id="acme")
     second = start(db_url, "console.Doomed", account_id="beta", message="boom")
     c = client(redact=("account_id",))
@@ -59,7 +58,6 @@ def test_api_lists_and_shows_workflows(db: psycopg.Connection[Any], db_url: str,
 
 def test_cancel_and_retry_need_the_token_and_are_audited(db: psycopg.Connection[Any],
                                                          db_url: str, client: Client) -> None:
-    declare_all(db)
     workflow_id = start(db_url, "console.Doomed", account_id="acme", message="boom")
     read_only = client()
     assert read_only.post(f"/api/workflows/{workflow_id}/cancel").status_code == 403
@@ -98,7 +96,6 @@ def test_cancel_and_retry_need_the_token_and_are_audited(db: psycopg.Connection[
 def test_the_stream_follows_the_steps(db: psycopg.Connection[Any], db_url: str,
                                       supervise: Callable[..., Any],
                                       console_server: Callable[..., Console]) -> None:
-    declare_all(db)
     workflow_id = start(db_url, "console.Doomed", account_id="live", message="smtp down")
     con = console_server()
 

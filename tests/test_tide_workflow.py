@@ -2,10 +2,8 @@
 and the supervisor's workflow gauges: real PostgreSQL, real ``tide`` processes, and real
 supervisors where the workflow has to run.
 
-The workflows are declared here by their stored form (``atlantis.workflow_types``, as
-``tide db sync`` writes it) over the console test app's jobs, so these tests need no
-``.atl`` workflow of their own: console.Quick returns at once, console.Fail raises,
-console.Import checkpoints every 0.25 s until cancelled.
+The workflows are the console test app's (tests/apps/console_app.atl, synced into every
+test database): console.Quick returns at once, console.Fail raises.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import Jsonb
 
 from atlantis.store.workflows import workflow_counts, workflow_document
 from tests.conftest import wait_for
@@ -30,38 +27,6 @@ __all__ = ["login"]  # a fixture used here
 APP = "tests.apps.console_app:registry"
 STEP_KEYS = {"step", "job", "job_id", "compensation", "state", "attempt", "result",
              "started_at", "finished_at"}
-
-
-def declare(conn: psycopg.Connection[Any], name: str, args_of: str,
-            steps: list[tuple[str, str, list[str], str | None]]) -> None:
-    """Store workflow ``name`` as sync does: its args those of job ``args_of``, its steps
-    ``(step, job, after, compensate)`` in declaration order."""
-    row = conn.execute("SELECT fields FROM atlantis.job_types WHERE job = %s",
-                       (args_of,)).fetchone()
-    assert row is not None
-    conn.execute(
-        "INSERT INTO atlantis.workflow_types (workflow, fields, steps, source)"
-        " VALUES (%s, %s, %s, 'tests/test_tide_workflow.py')",
-        (name, Jsonb(row[0]), Jsonb([{"step": s, "job": j, "after": a, "compensate": c}
-                                     for s, j, a, c in steps])))
-
-
-def declare_all(conn: psycopg.Connection[Any]) -> None:
-    # Declared out of dependency order: the graph decides, then the declaration.
-    declare(conn, "console.Diamond", "console.Quick", [
-        ("last", "console.Quick", ["left", "right"], None),
-        ("right", "console.Quick", ["first"], "console.Quick"),
-        ("left", "console.Quick", ["first"], "console.Quick"),
-        ("first", "console.Quick", [], "console.Quick"),
-    ])
-    declare(conn, "console.Doomed", "console.Fail", [
-        ("create", "console.Quick", [], "console.Quick"),
-        ("welcome", "console.Fail", ["create"], None),
-    ])
-    declare(conn, "console.BadUndo", "console.Fail", [
-        ("create", "console.Quick", [], "console.Fail"),
-        ("welcome", "console.Fail", ["create"], None),
-    ])
 
 
 def start(db_url: str, name: str, **args: Any) -> int:
@@ -92,7 +57,6 @@ def wait_workflow(db_url: str, workflow_id: int, *states: str) -> dict[str, Any]
 
 def test_start_then_status_in_dependency_order_and_list(db: psycopg.Connection[Any],
                                                          db_url: str) -> None:
-    declare_all(db)
     workflow_id = start(db_url, "console.Diamond", account_id="acme")
     doc = status(db_url, workflow_id)
     assert set(doc) >= {"id", "workflow", "state", "args", "created_at", "finished_at",
@@ -139,7 +103,6 @@ def test_unknown_ids_and_bad_input_are_one_line_and_exit_1(db: psycopg.Connectio
     unknown = tide(db_url, "workflow", "start", "console.Nothing", check=False)
     assert unknown.returncode == 1 and said(unknown).startswith("tide: ")
     assert "console.Nothing" in said(unknown) and unknown.stdout == ""
-    declare_all(db)
     bad = tide(db_url, "workflow", "start", "console.Diamond", "--args", "[1]", check=False)
     assert (bad.returncode, said(bad)) == (1, "tide: --args must be a JSON object")
     missing = tide(db_url, "workflow", "start", "console.Diamond", check=False)
@@ -151,7 +114,6 @@ def test_unknown_ids_and_bad_input_are_one_line_and_exit_1(db: psycopg.Connectio
 
 def test_cancel_before_a_step_ran_and_job_commands_on_a_step(db: psycopg.Connection[Any],
                                                              db_url: str) -> None:
-    declare_all(db)
     workflow_id = start(db_url, "console.Doomed", account_id="acme", message="boom")
     step_row = status(db_url, workflow_id)["steps"][0]["job_id"]
     job = tide(db_url, "job", "status", str(step_row)).stdout
@@ -202,7 +164,6 @@ def _scrape(port: int) -> str:
 
 def test_a_failed_step_compensates_and_the_gauges_count_workflows(
         db: psycopg.Connection[Any], db_url: str, supervise: Any) -> None:
-    declare_all(db)
     doomed = start(db_url, "console.Doomed", account_id="acme", message="smtp down")
     bad_undo = start(db_url, "console.BadUndo", account_id="acme", message="no undo")
     port = _free_port()
@@ -249,7 +210,6 @@ def test_a_failed_step_compensates_and_the_gauges_count_workflows(
 
 def test_a_reader_reads_workflows_and_an_operator_cancels_them(
         db: psycopg.Connection[Any], db_url: str, login: Callable[[str], str]) -> None:
-    declare_all(db)
     workflow_id = start(db_url, "console.Doomed", account_id="acme", message="boom")
     reader = login("atlantis_reader")
     for args in (("status", str(workflow_id)), ("status", str(workflow_id), "--json"),
