@@ -15,10 +15,10 @@ seconds:
   viewer the workflow's document when it changed (a step's new row is seen when the step
   before it finishes: that row is the workflow's already).
 
-Fallbacks that do not depend on a NOTIFY arriving: the rows of open job pages are read
-again every ``poll_interval``, and so are open workflow pages (a transition nobody notifies, a lost notification, the
-LISTEN connection down), and list pages get a refresh as often while the connection is
-down. New log lines of every open job page are read by one statement every
+Fallbacks that do not depend on a NOTIFY arriving: the rows of open job pages, and the
+open workflows, are read again every ``poll_interval`` (a transition nobody notifies, a
+lost notification, the LISTEN connection down), and list pages get a refresh as often
+while the connection is down. New log lines of every open job page are read by one statement every
 ``log_interval`` (logs are not notified: the supervisor's hot path pays nothing for a
 console). None of this costs a query per viewer: ten viewers of a job cost what one does.
 """
