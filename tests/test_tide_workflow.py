@@ -17,7 +17,12 @@ from typing import Any
 import orjson
 import psycopg
 
-from atlantis.store.workflows import workflow_counts, workflow_document
+from atlantis.store.workflows import (
+    WorkflowStep,
+    dependency_order,
+    workflow_counts,
+    workflow_document,
+)
 from tests.conftest import wait_for
 from tests.test_roles import login
 from tests.test_tide import tide
@@ -222,3 +227,20 @@ def test_a_reader_reads_workflows_and_an_operator_cancels_them(
     operator = login("atlantis_operator")
     tide(operator, "workflow", "cancel", str(workflow_id))
     assert status(db_url, workflow_id)["state"] == "cancelled"
+
+
+def _step(name: str, position: int, *after: str) -> WorkflowStep:
+    return WorkflowStep(step=name, position=position, job="j", after=list(after),
+                        compensate=None, job_id=None, compensation=False, state=None,
+                        attempt=None, max_attempts=None, progress_pct=None, progress_msg=None,
+                        result=None, created_at=None, started_at=None, finished_at=None,
+                        last_error=None)
+
+
+def test_dependency_order_puts_each_step_after_its_dependencies_then_declaration() -> None:
+    steps = [_step("d", 0, "b", "c"), _step("c", 1, "a"), _step("b", 2, "a"), _step("a", 3),
+             _step("e", 4)]
+    assert [s.step for s in dependency_order(steps)] == ["a", "c", "b", "d", "e"]
+    # A graph the checker refuses (a cycle, an unknown name) still shows every step once.
+    odd = [_step("x", 0, "y"), _step("y", 1, "x"), _step("z", 2, "nowhere")]
+    assert [s.step for s in dependency_order(odd)] == ["z", "x", "y"]
