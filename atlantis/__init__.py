@@ -2,7 +2,7 @@
 
 from importlib import metadata as _metadata
 
-from atlantis.context import JobContext, checkpoint
+from atlantis.context import Compensating, JobContext, checkpoint
 from atlantis.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from atlantis.errors import (
     AtlantisError,
@@ -29,6 +29,7 @@ from atlantis.workflows import (
 
 __all__ = [
     "AtlantisError",
+    "Compensating",
     "ConfigurationError",
     "DeclarationError",
     "Discard",

@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+import orjson
 
 from atlantis.limits import MAX_CHECKPOINT_CHARS
 
@@ -34,6 +38,21 @@ class AttemptFlags:
         self.stopping = False
 
 
+@dataclass(frozen=True, slots=True)
+class Compensating:
+    """What a compensation undoes after (``ctx.compensating``, ``atlantis.Compensating``).
+
+    ``step`` is the step whose failure started the compensations, None when the workflow
+    was cancelled or timed out; ``error`` says why it failed.
+    """
+
+    step: str | None
+    error: str | None
+
+
+_NO_RESULTS: Mapping[str, Any] = types.MappingProxyType({})
+
+
 @dataclass(eq=False, repr=False)
 class JobContext:
     """The attempt a handler is running.
@@ -42,6 +61,13 @@ class JobContext:
     supervisor drains. A handler that checks them can stop early.
     Its ``repr`` names the job and the attempt only: ``database_url`` (which may hold a
     password) never appears in a log line or a traceback's locals.
+
+    In a workflow's step, ``workflow_id`` and ``step`` name it and ``results`` maps each step
+    it depends on (transitively) to that step's result; in a compensation, ``step`` is the
+    step it undoes, ``results`` holds that step's result under its name plus that step's
+    own ``results``, and ``compensating`` says why. ``idempotency_key`` is the same on every
+    attempt: ``"{workflow_id}:{step}"`` forwards, ``"{workflow_id}:{step}:compensate"`` in a
+    compensation, the job's id outside workflows.
     """
 
     job_id: int
@@ -56,8 +82,18 @@ class JobContext:
     """Set by atlantis (the child's watchdog); read them as ``cancelled`` and ``stopping``."""
     sink: ProgressSink | None = field(default=None, repr=False)
     """Where checkpoints go (set by atlantis: the child's events pipe)."""
+    workflow_id: int | None = None
+    step: str | None = None
+    idempotency_key: str = ""
+    """``str(job_id)`` when not given (a job outside workflows)."""
+    results: Mapping[str, Any] = field(default_factory=lambda: _NO_RESULTS, repr=False)
+    compensating: Compensating | None = None
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.idempotency_key:
+            self.idempotency_key = str(self.job_id)
 
     def __repr__(self) -> str:
         return (f"JobContext(job={self.job!r}, job_id={self.job_id!r}, "
@@ -117,3 +153,35 @@ class JobContext:
 def checkpoint(ctx: JobContext, pct: float, msg: str = "") -> Exception | None:
     """``atlantis.checkpoint(ctx, pct, msg)``: same as ``ctx.checkpoint(pct, msg)``."""
     return ctx.checkpoint(pct, msg)
+
+
+def step_fields(text: str | None) -> dict[str, Any]:
+    """The :class:`JobContext` fields of a workflow's step from its context: the JSON text
+    of ``atlantis.step_context`` (``Run.workflow``); none outside workflows (None).
+
+    ValueError (or orjson's JSONDecodeError, one) says what is wrong with a malformed one.
+    """
+    if text is None:
+        return {}
+    doc = orjson.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError("a step's context must be a JSON object")
+    workflow_id, step = doc.get("workflow_id"), doc.get("step")
+    compensation, results = doc.get("compensation", False), doc.get("results")
+    results = {} if results is None else results
+    comp = doc.get("compensating")
+    if (type(workflow_id) is not int or type(step) is not str
+            or type(compensation) is not bool or type(results) is not dict):
+        raise ValueError("a step's context needs workflow_id (an integer), step (a string), "
+                         "compensation (a boolean) and results (an object)")
+    compensating = None
+    if comp is not None:
+        why = comp.get("error") if isinstance(comp, dict) else None
+        failed = comp.get("step") if isinstance(comp, dict) else None
+        if not (isinstance(comp, dict) and isinstance(failed, str | None)
+                and isinstance(why, str | None)):
+            raise ValueError("a step's compensating must be null or an object of step and error")
+        compensating = Compensating(step=failed, error=why)
+    key = f"{workflow_id}:{step}:compensate" if compensation else f"{workflow_id}:{step}"
+    return {"workflow_id": workflow_id, "step": step, "idempotency_key": key,
+            "results": types.MappingProxyType(results), "compensating": compensating}

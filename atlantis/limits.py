@@ -22,3 +22,7 @@ MAX_DEPTH = 64
 
 #: A number in args (and a declared default) is written in at most this many characters.
 MAX_NUMBER_CHARS = 4000
+
+#: A handler's return value is stored as its job's ``result`` if its JSON takes at most this
+#: many bytes (64 KiB).
+MAX_RESULT_BYTES = 65536

@@ -11,7 +11,14 @@ one of the error kinds of :data:`atlantis.protocol.messages.ErrorKind`:
 - ``exit``: the handler raised ``SystemExit`` (``sys.exit(3)``);
 - ``terminated``: SIGTERM reached the handler (timeout, cancel or drain); the child then
   exits after reporting;
-- ``exception``: anything else (``KeyboardInterrupt`` and ``GeneratorExit`` included).
+- ``exception``: anything else (``KeyboardInterrupt`` and ``GeneratorExit`` included);
+- ``result``: in a workflow's step, the handler returned a value that cannot be its result
+  (not JSON, over 64 KiB of it, nested past 64 levels, or holding NUL:
+  :mod:`atlantis.protocol.results`); outcome
+  ``discard``, as its effect already happened. Outside workflows such a value is stored as
+  null instead, and one warning line goes to the attempt's stderr.
+
+A handler's return value travels as JSON text in ``Done.result`` (None stays None).
 
 ``raise Snooze(seconds)`` gives outcome ``snooze`` with a finite, non-negative delay (a huge
 one clipped); ``Snooze`` of NaN, an infinity or a negative fails the attempt (``exception``).
@@ -26,6 +33,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import sys
 import threading
 from datetime import datetime
 from typing import Any
@@ -47,9 +55,10 @@ from atlantis.child.text import (
 )
 from atlantis.child.tree import descendants, kill_descendants
 from atlantis.child.watchdog import Watchdog
-from atlantis.context import AttemptFlags, JobContext
+from atlantis.context import AttemptFlags, JobContext, step_fields
 from atlantis.declarations.values import ArgsError, decode_args
 from atlantis.errors import Discard, Snooze
+from atlantis.protocol import results
 from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, Run
 from atlantis.registry import Registration, Registry
 
@@ -160,7 +169,7 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
                     "args", _args_message(run.job, exc), exc))
             ret = reg.handler(ctx, args)
             if inspect.isawaitable(ret):
-                asyncio.run(_await(ret))
+                ret = asyncio.run(_await(ret))
         except Terminated:
             raise
         except Discard as exc:
@@ -181,7 +190,7 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
         except BaseException as exc:  # a handler's failure, whatever it is, fails the attempt
             return Done(job_id=job_id, outcome="failed", error=child_error(
                 "exception", describe(exc), exc))
-        return Done(job_id=job_id, outcome="complete")
+        return _completed(run, ret)
     except Terminated as exc:
         term.armed = False
         return Done(job_id=job_id, outcome="failed", error=child_error(
@@ -190,8 +199,40 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
         term.armed = False
 
 
-async def _await(aw: Any) -> None:
-    await aw
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+def _completed(run: Run, value: object) -> Done:
+    """The ``Done`` of a handler that returned ``value``: its result, if it can be stored."""
+    try:
+        text, why = results.encode(value)
+    except Terminated:
+        raise
+    except BaseException as exc:  # orjson may read a hostile object's attributes
+        text, why = None, f"it could not be serialized ({describe(exc)})"
+    if why is None:
+        return Done(job_id=run.job_id, outcome="complete", result=text)
+    if run.workflow is not None:  # not retried: the step's effect already happened
+        return Done(job_id=run.job_id, outcome="discard", error=child_error(
+            "result", f"the step's return value cannot be stored as its result: {why}; "
+                      "the step is not retried (its effect already happened)"))
+    _warn(f"atlantis: the handler's return value was not stored: {why}")
+    return Done(job_id=run.job_id, outcome="complete")
+
+
+def _warn(line: str) -> None:
+    """One line on the attempt's stderr (the supervisor keeps it in the attempt's log)."""
+    try:
+        sys.stderr.flush()  # what the handler wrote comes first
+    except Terminated:
+        raise
+    except BaseException:  # a stream the handler replaced or closed
+        pass
+    try:
+        os.write(2, (line + "\n").encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
 
 
 def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
@@ -214,6 +255,7 @@ def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
         database_url=run.database_url,
         flags=flags,
         sink=sink,
+        **step_fields(run.workflow),
     )
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
+import orjson
 
 from atlantis.cli.escape import safe
 from atlantis.presentation import job_estimate
@@ -18,6 +20,8 @@ from atlantis.store.admin import AttemptRow, JobRow, parse_worker
 from atlantis.units import format_duration
 
 BAR_WIDTH = 30
+#: A job's result is shown cut to this many characters of its JSON (``--json`` has it whole).
+RESULT_CHARS = 400
 #: The colour of each state, on a terminal.
 STATE_STYLES = {"available": "cyan", "running": "blue", "complete": "green", "dead": "red",
                 "cancelled": "yellow"}
@@ -152,6 +156,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         if job.started_at is not None and job.finished_at >= job.started_at:
             took = f", ran {short_duration((job.finished_at - job.started_at).total_seconds())}"
         add("finished", f"{_stamp(job.finished_at)} ({relative(job.finished_at, now)}{took})")
+    if job.result is not None:
+        add("result", result_text(job.result))
     if job.retried_at is not None:
         add("retried", f"by {safe(job.retried_by or '?')} {relative(job.retried_at, now)}")
     add("limits", f"timeout {format_duration(job.timeout)}, heartbeat "
@@ -165,6 +171,15 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
     if job.error_count:
         add("failures", f"{job.error_count} in all (the last {len(job.errors)} kept in errors)")
     return "\n".join(lines)
+
+
+def result_text(value: Any, limit: int = RESULT_CHARS) -> str:
+    """A job's result as one line of JSON, cut to ``limit`` characters saying how long it is."""
+    text = orjson.dumps(value).decode()
+    if len(text) > limit:
+        text = (f"{text[:limit]}... ({len(text)} characters in all; "
+                "tide job status --json shows it whole)")
+    return safe(text)
 
 
 def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:

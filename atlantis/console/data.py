@@ -76,6 +76,7 @@ def job_doc(row: admin.JobRow, keys: frozenset[str],
     and ``holder`` (``{"host", "pid"}`` of the lease holder)."""
     doc = job_document(row)
     doc["args"] = redact(doc["args"], keys)
+    doc["result"] = redact(doc.get("result"), keys)
     now = row.db_now
     doc["now"] = now
     running = row.running

@@ -11,7 +11,8 @@ supervisor -> child (control pipe)
   Run        an attempt to run; ``args`` is the row's JSON text, untouched (the child
              decodes it against the declaration; the supervisor never does); ``lease_end``
              is CLOCK_MONOTONIC. Renewals go through the lease cell, not the pipe
-             (:mod:`atlantis.protocol.leasecell`)
+             (:mod:`atlantis.protocol.leasecell`); ``workflow`` a step's context (JSON
+             text, untouched)
   Cancel     ctx.cancelled becomes true (an operator cancelled the job)
   Stopping   ctx.stopping becomes true (the supervisor drains; not a cancel)
 child -> supervisor (events pipe)
@@ -20,7 +21,8 @@ child -> supervisor (events pipe)
   Fatal      the app could not be loaded; the child exits
   Checkpoint progress; ``pct`` None stands for NaN
   Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
-             ``retire`` says why the child will run no other attempt
+             ``retire`` says why the child will run no other attempt; ``result`` the
+             handler's return value as JSON text
 child -> supervisor (lease cell, read once the child is gone)
   last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
              written to shared memory, which no closed descriptor or full pipe can stop
@@ -51,7 +53,7 @@ MAX_TEXT = 256 * 1024
 MAX_LEFTOVERS = 100
 
 Outcome = Literal["complete", "failed", "discard", "snooze"]
-ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args"]
+ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args", "result"]
 """The error kinds a child may report; the supervisor adds its own (timeout, crash, ...)."""
 
 
@@ -76,6 +78,8 @@ class Run:
     lease_end: float
     lease_margin: float
     database_url: str | None = field(default=None, repr=False)
+    workflow: str | None = None
+    """A workflow step's context (``atlantis.step_context``'s JSON text); None outside."""
     t: Literal["run"] = "run"
 
 
@@ -130,6 +134,8 @@ class Done:
     retire: str | None = None
     """Why this child runs no other attempt: the handler left its process in a state it
     could not put back (:mod:`atlantis.child.state`). It exits; the supervisor replaces it."""
+    result: str | None = None
+    """A ``complete`` handler's return value as JSON text (:mod:`results`); None: none."""
     t: Literal["done"] = "done"
 
 
@@ -185,8 +191,9 @@ ToZygote = Fork
 FromZygote = Forked | Exited | ZygoteReady | ZygoteFatal | Unsafe
 Message = ToChild | FromChild | ToZygote | FromZygote
 
-_UNBOUNDED = frozenset({"run.args"})
-"""Strings not held to MAX_TEXT: a job's args (validated at enqueue, up to their own limit)."""
+_UNBOUNDED = frozenset({"run.args", "run.workflow"})
+"""Strings not held to MAX_TEXT: a job's args (validated at enqueue, up to their own limit)
+and a step's context (its predecessors' results, each at most ``MAX_RESULT_BYTES``)."""
 
 _TYPES: dict[str, type[Any]] = {
     str(cls.__dataclass_fields__["t"].default): cls

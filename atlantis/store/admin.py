@@ -76,10 +76,11 @@ class JobRow:
     workflow_id: int | None
     """The workflow whose step (or compensation) this row is; None outside workflows."""
     step: str | None
-    """The step's name; in a compensation's row, the name of the step it undoes."""
     compensation: bool
+    """True on a compensation's row, whose ``step`` is the step it undoes."""
     result: Any
-    """The handler's return value (JSON) once the row is ``complete``; None before."""
+    """The handler's return value (JSON) once the job completed; None before, or if it
+    returned nothing (or a value that could not be stored)."""
     stall_after: float
     stalled: bool
     db_now: datetime

@@ -47,12 +47,15 @@ UPDATE atlantis.jobs j
   FROM picked
  WHERE j.id = picked.id
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
+-- So is a workflow step's context (its predecessors' results, atlantis.step_context).
 RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_attempts,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           extract(epoch FROM j.timeout)::float8 AS timeout,
           extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
           extract(epoch FROM j.backoff)::float8 AS backoff,
-          now() + j.timeout AS deadline
+          now() + j.timeout AS deadline,
+          CASE WHEN j.workflow_id IS NULL THEN NULL
+               ELSE atlantis.step_context(j.id)::text END AS workflow
 
 -- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
@@ -104,14 +107,16 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 -- attempt back; `delay` is when an available row may run again. A cancel requested
 -- meanwhile wins over whatever the attempt did: the row ends `cancelled`, and its text
 -- names who cancelled (cancelled_by: the supervisor's own `cancelled` error only says that
--- an operator did). Each written attempt is also recorded in atlantis.attempts (the
--- timeline); it and every `errors` entry carry the run.
+-- an operator did). `result` (the handler's return value, checked by the supervisor) is
+-- written only on a row that ends `complete`: a cancel that wins keeps it null. Each written
+-- attempt is also recorded in atlantis.attempts (the timeline); it and every `errors` entry
+-- carry the run.
 WITH r AS (
     -- One JSON array of result objects: one parameter to send, parsed in C on both sides.
     SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
         AS r(id bigint, run int, attempt int, state text, spent bool, delay float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
-             log_lines int, log_dropped int)
+             log_lines int, log_dropped int, result jsonb)
 ), cur AS (
     SELECT r.*, j.started_at AS attempt_started,
            -- Cancelled, but not by this outcome's own cancelled error: append one.
@@ -155,6 +160,8 @@ WITH r AS (
                                ELSE j.progress_pct END,
            progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
            progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
+           result = CASE WHEN NOT cur.cancelling AND cur.state = 'complete' THEN cur.result
+                         ELSE j.result END,
            last_error = CASE WHEN cur.cancelling THEN cur.cancel_error->>'message'
                              WHEN cur.err IS NULL THEN j.last_error
                              ELSE cur.err->>'message' END,

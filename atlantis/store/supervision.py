@@ -41,6 +41,9 @@ class ClaimedRow:
     run: int = 1
     """The job's run (1, then one more after each retry): with ``attempt``, which attempt
     this is; every write made for it is fenced on both."""
+    workflow: str | None = None
+    """A workflow step's context (``atlantis.step_context``) as JSON text, passed to the
+    child untouched; None outside workflows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,9 @@ class Result:
     log_dropped: int = 0
     run: int = 1
     """The run of the attempt (``ClaimedRow.run``): the write is fenced on it."""
+    result: str | None = None
+    """The handler's return value as JSON text, checked (``policy.completed``): written
+    as the row's ``result`` if the row ends ``complete``."""
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
@@ -124,7 +130,8 @@ def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
 def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
                   pid: int | None = None) -> dict[str, Any]:
     """The finish statement's parameters. The results go as one JSON array (orjson: fast,
-    and it refuses lone surrogates rather than writing invalid JSON: TypeError)."""
+    and it refuses lone surrogates rather than writing invalid JSON: TypeError). A
+    handler's result is JSON text already, checked: it goes in as it is (a Fragment)."""
     return {
         "results": orjson.dumps([{
             "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,
@@ -133,6 +140,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
             "msg": r.progress.msg if r.progress else None,
             "label": r.label or r.state, "child_pid": r.child_pid,
             "log_lines": r.log_lines, "log_dropped": r.log_dropped,
+            "result": None if r.result is None else orjson.Fragment(r.result),
         } for r in batch]).decode(),
         "host": host,
         "pid": pid,

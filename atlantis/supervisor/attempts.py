@@ -75,7 +75,7 @@ class Attempt:
     @property
     def facts(self) -> AttemptFacts:
         return AttemptFacts(self.row.attempt, self.row.max_attempts, self.row.backoff,
-                            self.row.timeout)
+                            self.row.timeout, self.row.workflow is not None)
 
     def tag(self) -> str:
         run = f" run={self.row.run}" if self.row.run > 1 else ""

@@ -163,7 +163,8 @@ class Ledger:
         checkpoint = a.checkpoint if a.checkpoint_dirty else None
         self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
-                                     a.child_pid, a.log_lines, a.log_dropped, a.run)))
+                                     a.child_pid, a.log_lines, a.log_dropped, a.run,
+                                     outcome.result)))
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:

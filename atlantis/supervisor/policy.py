@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from atlantis.limits import MAX_ERROR_TEXT
+from atlantis.protocol import results
 from atlantis.protocol.messages import ChildError, Done, clean
 from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
@@ -42,6 +43,12 @@ class Verdict:
     label: str = ""
     """How the attempt ended, for logs and metrics: complete, failed, discard, snooze,
     release, cancelled (the state when not given)."""
+    result: str | None = None
+    """The handler's return value as JSON text, checked (:func:`completed`): the row's
+    ``result`` if it ends ``complete``."""
+    unstored: str | None = None
+    """Why the result the child sent was not stored (outside a workflow: the job completes
+    with a null result, and the supervisor logs this)."""
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -60,6 +67,9 @@ class AttemptFacts:
     max_attempts: int
     backoff: float
     timeout: float
+    workflow: bool = False
+    """The row is a workflow's step (or compensation): a result that cannot be stored
+    ends it ``dead`` instead of being dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +167,7 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
     if stopped is not None:
         return stopped
     if done.outcome == "complete":
-        return Verdict("complete", True)
+        return completed(facts, done.result)
     if done.outcome == "snooze":
         return Verdict("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
                        label="snooze")
@@ -168,6 +178,22 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
         return Verdict("dead", True, error=error, label="failed")
     delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
     return Verdict("available", True, delay=delay, error=error, label="failed")
+
+
+def completed(facts: AttemptFacts, result: str | None) -> Verdict:
+    """A handler that returned: ``complete`` with its result, checked again here (the child
+    checked it, but a handler may forge its frame), so that no result can fail the finish
+    statement. One that cannot be stored ends a workflow's step ``dead`` (kind ``result``,
+    not retried: its effect already happened); outside workflows it is dropped."""
+    stored, why = (None, None) if result is None else results.check(result)
+    if why is None:
+        return Verdict("complete", True, result=stored)
+    if facts.workflow:
+        error = {"attempt": facts.attempt, "kind": "result",
+                 "message": clip(f"the result the child sent cannot be stored: {why}; the step "
+                                 "is not retried (its effect already happened)")}
+        return Verdict("dead", True, error=error, label="discard")
+    return Verdict("complete", True, unstored=why)
 
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,

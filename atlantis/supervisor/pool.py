@@ -199,10 +199,10 @@ class Pool(Service):
             # The child's own stop comes after the supervisor's (half the margin), so that a
             # supervisor that is alive acts first and records why; both precede the lease end.
             lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
-            database_url=self.rt.settings.child_database_url,
+            database_url=self.rt.settings.child_database_url, workflow=row.workflow,
         ))  # a child that died meanwhile is handled by its exit
-        if row.cancel_requested:  # cancelled while the claim was on its way
-            a.request_cancel(self.rt.now())
+        # (A row cancelled while its claim was on its way never gets here: Ledger.take_held
+        # ends it cancelled before any child takes it.)
         return True
 
     def _attempt_of(self, child: Child) -> Attempt | None:
@@ -288,8 +288,12 @@ class Pool(Service):
             self.retire(child)
         else:
             child.state = "idle"
-        self._end(child, a, policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
-                                          cancelled=a.cancelling))
+        verdict = policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
+                                cancelled=a.cancelling)
+        if verdict.unstored is not None:
+            log.warning("%s: the result the child sent was not stored: %s", a.tag(),
+                        verdict.unstored, extra=a.log_extra())
+        self._end(child, a, verdict)
         self.ensure()
         self.feed()
         self.rt.wake.set()

@@ -151,6 +151,12 @@
       }
       var fin = document.getElementById("finished");
       if (fin) fin.hidden = !job.finished_at;
+      var result = document.getElementById("result-block");
+      if (result) {
+        var has = job.result !== null && job.result !== undefined;
+        result.hidden = !has;
+        text("result", has ? JSON.stringify(job.result, null, 2) : "");
+      }
       document.querySelectorAll("form.act[data-states]").forEach(function (f) {
         f.hidden = f.getAttribute("data-states").split(" ").indexOf(job.state) < 0;
       });
