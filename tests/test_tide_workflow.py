@@ -180,11 +180,14 @@ def test_a_failed_step_compensates_and_the_gauges_count_workflows(
         ("welcome", "console.Fail", "dead", False),
         ("create", "console.Quick", "complete", True)]
     assert doc["failed_step"] == "welcome" and "smtp down" in (doc["error"] or "")
+    assert [s["result"] for s in doc["steps"]] == [
+        {"account": "acme", "step": "create"}, None, {"account": "acme", "step": "create"}]
     assert all(s["attempt"] == 1 and s["started_at"] and s["finished_at"] for s in doc["steps"])
     human = tide(db_url, "workflow", "status", str(doomed)).stdout
     trail = human.split("compensations, in the order they started:")
     assert len(trail) == 2 and "create" in trail[1] and "complete" in trail[1]
     assert "step welcome died" in human and "smtp down" in human
+    assert '"account":"acme"' in human  # the result, short
 
     failed = wait_workflow(db_url, bad_undo, "compensation_failed")
     assert [(s["step"], s["state"], s["compensation"]) for s in failed["steps"]] == [
