@@ -24,12 +24,11 @@ from atlantis.enqueue import translate as enqueue_translate
 from atlantis.errors import ValidationError, WorkflowNotFoundError
 from atlantis.store import caller
 from atlantis.store.queries import Q
+from atlantis.store.workflows import WORKFLOW_FINISHED, WORKFLOW_STATES
 from atlantis.units import int_problem
 
-#: The states of a workflow (``atlantis.workflows.state``), running ones first.
-STATES = ("running", "compensating", "complete", "failed", "cancelled", "compensation_failed")
-#: States a workflow does not leave by itself (``compensation_failed`` waits for a retry).
-FINISHED = frozenset({"complete", "failed", "cancelled", "compensation_failed"})
+#: The states of a workflow, and those it never leaves by itself: one home, the store's.
+STATES, FINISHED = WORKFLOW_STATES, WORKFLOW_FINISHED
 
 
 def _translate(exc: psycopg.Error) -> BaseException:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +104,10 @@ def driver_cmd(env: Env, system: System, python: Path, command: str, url: str) -
 
 
 def prepare_atlantis(url: str) -> None:
+    app = load_app(APP)
     with psycopg.connect(url) as conn:
         migrate(conn)
-        sync(conn, list(load_app(APP).decls.values()))
+        sync(conn, list(app.decls.values()), workflows=list(app.workflows.values()))
         conn.commit()
 
 
@@ -227,17 +228,24 @@ def wait_done(progress: Progress, proc: subprocess.Popen[bytes], poll: float, ti
         time.sleep(poll)
 
 
+Fill = Callable[[str, int], "float | None"]
+"""Puts the work of N jobs in a scratch database (its URL) another way than ``enqueue``
+(``benchmarks/workflows.py`` starts workflows): seconds of the inserts."""
+
+
 def run_drain(env: Env, system: System, jobs: int, python: Path | None, version: str,
-              track_rss: bool = True) -> Result:
-    """Enqueue N, start one worker, measure its drain (jobs/s, CPU, RSS), stop it."""
+              track_rss: bool = True, fill: Fill | None = None) -> Result:
+    """Enqueue N (or ``fill``), start one worker, measure its drain (jobs/s, CPU, RSS),
+    stop it."""
     result = Result(system, version, jobs)
     log = env.logdir / f"{env.runs + 1}-{system.key}.log"
     proc: subprocess.Popen[bytes] | None = None
     poll = max(env.poll, jobs / 1_000_000)  # a count(*) over 200,000 rows is not free
     try:
         with env.scratch(system) as url:
-            result.enqueue_s = enqueue(env, system, python, url, jobs,
-                                       log=log.with_suffix(".enqueue.log"))
+            result.enqueue_s = (fill(url, jobs) if fill is not None else
+                                enqueue(env, system, python, url, jobs,
+                                        log=log.with_suffix(".enqueue.log")))
             with psycopg.connect(env.admin, autocommit=True) as conn:
                 conn.execute("CHECKPOINT")  # start every system with no dirty buffers
             with psycopg.connect(url, autocommit=True) as conn:

@@ -4,8 +4,14 @@ Each execution of a handler (one run of one attempt, named by a random ``run`` t
 writes its history on the handler's own, direct connection (``--handler-database-url``,
 never through the driver's proxies), each row stamped by PostgreSQL's clock: ``start``,
 a ``tick`` per step of work, the ``effect`` and ``end`` (or ``fail``, ``cancelled``). The
-effect is a row of ``chaos_effects`` written only if the job has none yet: an idempotent
-handler, whose "exactly once" holds only if no two executions of one job overlap.
+effect is a row of ``chaos_effects`` written only if none has the job's idempotency key yet
+(``ctx.idempotency_key``: the job's id, or ``wid:step`` for a workflow's step and
+``wid:step:compensate`` for its compensation): an idempotent handler, whose "exactly once"
+holds only if no two executions of one job overlap.
+
+The workflow ``chaos.Order`` (jobs.atl) runs its steps and compensations here too; each
+checks what atlantis handed it (its key, its predecessors' results, ``ctx.compensating``)
+and records ``bad-context`` when something is wrong.
 
 While PostgreSQL restarts, a write is retried until it goes through: the handler blocks
 meanwhile, as a real one would, and its lease watchdog decides whether it may go on.
@@ -37,20 +43,22 @@ CREATE TABLE IF NOT EXISTS chaos_history (
 CREATE TABLE IF NOT EXISTS chaos_effects (
     id bigserial PRIMARY KEY,
     job_id bigint NOT NULL,
+    key text NOT NULL,
     run text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX IF NOT EXISTS chaos_effects_job ON chaos_effects (job_id);
+CREATE INDEX IF NOT EXISTS chaos_effects_key ON chaos_effects (key);
 """
 
 _EVENT = ("INSERT INTO chaos_history (job_id, attempt, run, pid, event) "
           "VALUES (%(job)s, %(attempt)s, %(run)s, %(pid)s, %(event)s)")
-# Idempotent: the effect is written only if the job has none. No unique constraint backs it:
-# two executions of one job running at once could both write it, which the check would see.
+# Idempotent: the effect is written only if none has the key yet. No unique constraint backs
+# it: two executions of one job running at once could both write it, which the check would see.
 _EFFECT = """
 WITH ins AS (
-    INSERT INTO chaos_effects (job_id, run)
-    SELECT %(job)s, %(run)s WHERE NOT EXISTS (SELECT 1 FROM chaos_effects WHERE job_id = %(job)s)
+    INSERT INTO chaos_effects (job_id, key, run)
+    SELECT %(job)s, %(key)s, %(run)s
+     WHERE NOT EXISTS (SELECT 1 FROM chaos_effects WHERE key = %(key)s)
     RETURNING 1
 )
 INSERT INTO chaos_history (job_id, attempt, run, pid, event)
@@ -87,17 +95,21 @@ class Execution:
         self.url = ctx.database_url
         self.params: dict[str, Any] = {"job": ctx.job_id, "attempt": ctx.attempt,
                                        "run": secrets.token_hex(8), "pid": os.getpid()}
+        self.key = ctx.idempotency_key
 
     def record(self, event: str) -> None:
         _write(self.url, _EVENT, {**self.params, "event": event})
 
     def effect(self) -> None:
-        _write(self.url, _EFFECT, self.params)
+        _write(self.url, _EFFECT, {**self.params, "key": self.key})
 
 
-def _work(ctx: atlantis.JobContext, ticks: int, tick_ms: int, fail: bool) -> None:
+def _work(ctx: atlantis.JobContext, ticks: int, tick_ms: int, fail: bool,
+          context_ok: bool = True) -> None:
     execution = Execution(ctx)
     execution.record("start")
+    if not context_ok:
+        execution.record("bad-context")
     for i in range(ticks):
         if ctx.cancelled:
             execution.record("cancelled")
@@ -122,3 +134,55 @@ def work(ctx: atlantis.JobContext, args: Any) -> None:
 def doomed(ctx: atlantis.JobContext, args: Any) -> None:
     """Fails every attempt: the job must end ``dead`` after exactly its retries."""
     _work(ctx, args.ticks, args.tick_ms, fail=True)
+
+
+PREDECESSORS: dict[str, frozenset[str]] = {
+    "reserve": frozenset(), "charge": frozenset({"reserve"}),
+    "notify": frozenset({"reserve"}), "ship": frozenset({"reserve", "charge", "notify"}),
+}
+"""The transitive predecessors of each step of ``chaos.Order``, whose results it sees."""
+
+
+def _result(workflow_id: int, step: str) -> dict[str, str]:
+    """What each step returns: the key it recorded its effect under."""
+    return {"key": f"{workflow_id}:{step}"}
+
+
+def context_ok(ctx: atlantis.JobContext) -> bool:
+    """Whether atlantis handed this step (or compensation) of ``chaos.Order`` what it
+    promised: its idempotency key, the results of every step before it, and, in a
+    compensation, the undone step's result (None if it never completed) and
+    ``ctx.compensating``."""
+    wid, step = ctx.workflow_id, ctx.step
+    if wid is None or step not in PREDECESSORS:
+        return False
+    before = PREDECESSORS[step]
+    results = dict(ctx.results)
+    seen = {p: results.pop(p, None) for p in before}
+    if seen != {p: _result(wid, p) for p in before}:
+        return False
+    if ctx.compensating is None:
+        return not results and ctx.idempotency_key == f"{wid}:{step}"
+    return (set(results) == {step} and results[step] in (None, _result(wid, step))
+            and ctx.compensating.step in (None, *PREDECESSORS)
+            and ctx.idempotency_key == f"{wid}:{step}:compensate")
+
+
+@registry.handler("chaos.Step")
+def step(ctx: atlantis.JobContext, args: Any) -> dict[str, str] | None:
+    """A step of ``chaos.Order``: fails every attempt when ``doom`` names it; ``doom
+    "slow"``: notify outlasts the workflow's timeout (it is cancelled mid-run)."""
+    ticks, tick_ms = args.ticks, args.tick_ms
+    if args.doom == "slow" and ctx.step == "notify":
+        ticks, tick_ms = 50, 800  # 40 s: past the workflow's 30 s timeout
+    _work(ctx, ticks, tick_ms, fail=args.doom == ctx.step, context_ok=context_ok(ctx))
+    return None if ctx.workflow_id is None or ctx.step is None else _result(ctx.workflow_id,
+                                                                            ctx.step)
+
+
+@registry.handler("chaos.Undo")
+def undo(ctx: atlantis.JobContext, args: Any) -> None:
+    """A compensation of ``chaos.Order``: tolerates a step that did nothing (it records its
+    own effect under its own key either way); ``fail "first"``: its first attempt fails."""
+    _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1,
+          context_ok=context_ok(ctx))

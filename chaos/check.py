@@ -17,6 +17,24 @@ The promises, from README.md and docs/architecture.md:
   (and at most once for any job);
 - no process of the run survives its supervisor (children die with it);
 - every supervisor the driver did not kill is alive at the end, and stops cleanly.
+
+And for workflows (issue 20), whose steps and compensations record their effect under
+``ctx.idempotency_key`` (``wid:step``, ``wid:step:compensate``):
+
+- every completed step's (and compensation's) effect is there exactly once under its key;
+- every step that started (a child began its handler: the handler's own ``start`` event,
+  or ``atlantis.workflow_step_states``'s ``started``) in a ``failed`` or ``cancelled``
+  workflow has its compensation's effect once under its key, and no compensation ran for
+  a step that never started;
+- no workflow is left ``running`` or ``compensating``; ``compensation_failed`` only after
+  a compensation ended ``dead``;
+- a workflow's state agrees with its rows: ``complete`` has every step complete and no
+  compensation (never one whose step outlasts its timeout); a failure names a dead step;
+  ``cancelled`` only if a cancel was asked, and
+  always if one was accepted while it ran; a step's row is cancelled only in a workflow
+  that stopped, a compensation's never;
+- every step saw its predecessors' results and its idempotency key, every compensation its
+  step's result and ``ctx.compensating`` (the handler records ``bad-context`` otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +45,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 FINAL = ("complete", "dead", "cancelled")
+WORKFLOW_STATES = ("complete", "failed", "cancelled", "compensation_failed")
+"""The states a workflow ends in; ``running`` and ``compensating`` must not be left."""
 ENDINGS = ("end", "fail", "cancelled")
 """The last event of an execution whose handler returned or raised (chaos/app.py)."""
 EXAMPLES = 5
@@ -41,6 +61,36 @@ class JobRow:
     max_attempts: int
     lease_expired: bool
     """``running`` with ``claimed_until`` in the past when the row was read."""
+    workflow_id: int | None = None
+    step: str | None = None
+    compensation: bool = False
+    doomed: bool = False
+    """A step the workload makes fail every attempt (its ``doom`` arg names it)."""
+
+
+@dataclass(frozen=True)
+class WorkflowRow:
+    id: int
+    state: str
+    cause: str | None = None
+    """``failed``, ``cancelled`` or ``timeout`` once it stopped; None while it runs or
+    after it completed."""
+    failed_step: str | None = None
+    slow: bool = False
+    """One step outlasts the workflow's timeout: it must not end ``complete``."""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step of one workflow's graph (``atlantis.workflow_step_states``)."""
+
+    workflow_id: int
+    step: str
+    compensate: str | None
+    job_id: int | None
+    comp_job_id: int | None
+    started: bool
+    """The database's word: a child began the step's handler at least once."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +128,15 @@ class History:
     orphans: list[str] = field(default_factory=list)
     """Processes of the run that survived their supervisor (described)."""
     supervisors: list[SupervisorFate] = field(default_factory=list)
+    workflows: list[WorkflowRow] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    keyed: dict[str, int] = field(default_factory=dict)
+    """Idempotency key of a workflow's step or compensation -> number of effect rows."""
+    workflow_cancelled: set[int] = field(default_factory=set)
+    """Workflows the driver asked to cancel (directly or through a step's row)."""
+    workflow_cancel_running: set[int] = field(default_factory=set)
+    """Workflows whose cancel went through while they were ``running``: they must end
+    ``cancelled``."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +195,7 @@ def check_dead(h: History) -> Result:
     early = [j for j in dead if j.attempt != j.max_attempts]
     over = [j for j in h.jobs if j.attempt > j.max_attempts]
     bad = early + [j for j in over if j not in early]
-    doomed = sum(1 for j in dead if j.job == "chaos.Doomed")
+    doomed = sum(1 for j in dead if j.doomed or j.job == "chaos.Doomed")
     return Result("dead only after all its retries, none past them", not bad,
                   f"{len(dead)} dead ({doomed} doomed by design, {len(dead) - doomed} worn out "
                   f"by faults), {len(bad)} wrong",
@@ -145,7 +204,9 @@ def check_dead(h: History) -> Result:
 
 
 def check_cancelled(h: History) -> Result:
-    states = {j.id: j.state for j in h.jobs}
+    """Jobs outside workflows: a workflow's rows are cancelled with their workflow
+    (:func:`check_workflow_states`)."""
+    states = {j.id: j.state for j in h.jobs if j.workflow_id is None}
     cancelled = [i for i, state in states.items() if state == "cancelled"]
     bad = [f"job {i} cancelled, never asked" for i in cancelled if i not in h.cancelled]
     bad += [f"job {i} {states.get(i)}, though its cancel was accepted"
@@ -184,7 +245,8 @@ def check_overlap(h: History) -> Result:
 
 
 def check_effects(h: History) -> Result:
-    complete = [j for j in h.jobs if j.state == "complete"]
+    """Jobs outside workflows (keyed by job id); a workflow's: :func:`check_step_effects`."""
+    complete = [j for j in h.jobs if j.state == "complete" and j.workflow_id is None]
     missing = [j.id for j in complete if h.effects.get(j.id, 0) == 0]
     doubled = sorted(i for i, n in h.effects.items() if n > 1)
     bad = [f"job {i}: complete, no effect" for i in missing]
@@ -212,9 +274,130 @@ def check_supervisors(h: History) -> Result:
                   _examples(bad))
 
 
+def key(row: JobRow) -> str:
+    """The idempotency key a workflow's row records its effect under (``ctx.idempotency_key``)."""
+    return f"{row.workflow_id}:{row.step}" + (":compensate" if row.compensation else "")
+
+
+def started_steps(h: History) -> set[tuple[int, str]]:
+    """(workflow, step) of every step that started: its handler recorded a start, or the
+    database says a child began it (a child killed before its first write)."""
+    began = {e.job_id for e in h.events if e.event == "start"}
+    return {(s.workflow_id, s.step) for s in h.steps
+            if s.started or (s.job_id is not None and s.job_id in began)}
+
+
+def check_step_effects(h: History) -> Result:
+    done = [j for j in h.jobs if j.workflow_id is not None and j.state == "complete"]
+    missing = [key(j) for j in done if h.keyed.get(key(j), 0) == 0]
+    doubled = sorted(k for k, n in h.keyed.items() if n > 1)
+    bad = [f"{k}: complete, no effect" for k in missing]
+    bad += [f"{k}: {h.keyed[k]} effects" for k in doubled]
+    once = sum(1 for j in done if h.keyed.get(key(j), 0) == 1)
+    undos = sum(1 for j in done if j.compensation)
+    return Result("each completed step's effect once under its key", not bad,
+                  f"{once}/{len(done)} exactly once ({len(done) - undos} steps, {undos} "
+                  f"compensations), {len(missing)} missing, {len(doubled)} doubled",
+                  _examples(bad))
+
+
+def check_compensated(h: History) -> Result:
+    ended = {w.id: w for w in h.workflows if w.state in ("failed", "cancelled")}
+    started = started_steps(h)
+    due = [s for s in h.steps if s.workflow_id in ended and s.compensate is not None
+           and (s.workflow_id, s.step) in started]
+    bad: list[str] = []
+    for s in due:
+        n = h.keyed.get(f"{s.workflow_id}:{s.step}:compensate", 0)
+        if n != 1:
+            bad.append(f"workflow {s.workflow_id} {ended[s.workflow_id].state}: step {s.step} "
+                       f"started, its compensation's effect recorded {n} times")
+    for j in h.jobs:
+        if j.compensation and (j.workflow_id, j.step) not in started:
+            bad.append(f"workflow {j.workflow_id}: step {j.step} never started, yet compensated "
+                       f"(job {j.id} {j.state})")
+    return Result("every started step of a failed or cancelled workflow compensated once",
+                  not bad, f"{len(ended)} failed or cancelled workflows, {len(due)} started "
+                  f"steps to undo, {len(bad)} wrong", _examples(bad))
+
+
+def check_workflows_finished(h: History) -> Result:
+    states = Counter(w.state for w in h.workflows)
+    undo_dead = {j.workflow_id for j in h.jobs if j.compensation and j.state == "dead"}
+    bad = [f"workflow {w.id} {w.state}" for w in h.workflows if w.state not in WORKFLOW_STATES]
+    bad += [f"workflow {w.id} compensation_failed, yet no compensation is dead"
+            for w in h.workflows if w.state == "compensation_failed" and w.id not in undo_dead]
+    timeouts = sum(1 for w in h.workflows if w.cause == "timeout")
+    detail = ", ".join(f"{states[s]} {s}" for s in WORKFLOW_STATES) + f" ({timeouts} timed out)"
+    unfinished = sum(1 for w in h.workflows if w.state not in WORKFLOW_STATES)
+    if unfinished:
+        detail += f"; {unfinished} not finished"
+    return Result("no workflow left running or compensating", not bad, detail, _examples(bad))
+
+
+def check_workflow_states(h: History) -> Result:
+    workflows = {w.id: w for w in h.workflows}
+    rows: dict[int, list[JobRow]] = defaultdict(list)
+    for j in h.jobs:
+        if j.workflow_id is not None:
+            rows[j.workflow_id].append(j)
+    graph: dict[int, list[StepRow]] = defaultdict(list)
+    for s in h.steps:
+        graph[s.workflow_id].append(s)
+    bad: list[str] = []
+    for w in h.workflows:
+        forward = {j.step: j for j in rows[w.id] if not j.compensation}
+        if w.state == "complete":
+            behind = [s.step for s in graph[w.id]
+                      if s.step not in forward or forward[s.step].state != "complete"]
+            if behind or not graph[w.id]:
+                bad.append(f"workflow {w.id} complete, step(s) {behind} not")
+            if any(j.compensation for j in rows[w.id]):
+                bad.append(f"workflow {w.id} complete, with a compensation")
+        failed = forward.get(w.failed_step) if w.failed_step is not None else None
+        if w.cause == "failed" and (failed is None or failed.state != "dead"):
+            bad.append(f"workflow {w.id} failed at step {w.failed_step}, whose row is "
+                       f"{failed.state if failed else 'missing'}")
+        if w.slow and w.state == "complete":
+            bad.append(f"workflow {w.id} complete, though a step outlasts its timeout")
+        if w.cause == "cancelled" and w.id not in h.workflow_cancelled:
+            bad.append(f"workflow {w.id} cancelled, never asked")
+    for wid in sorted(h.workflow_cancel_running):
+        got = workflows.get(wid)
+        if got is None or got.cause != "cancelled":
+            bad.append(f"workflow {wid} {got.state if got else 'missing'}, though cancelled "
+                       "while it ran")
+    for j in h.jobs:
+        if j.workflow_id is None or j.state != "cancelled":
+            continue
+        owner = workflows.get(j.workflow_id)
+        if j.compensation:
+            bad.append(f"job {j.id}, the compensation of {key(j)}, cancelled")
+        elif owner is None or owner.cause is None:
+            bad.append(f"job {j.id} (step {key(j)}) cancelled in a workflow "
+                       f"{owner.state if owner else 'missing'}")
+    return Result("each workflow's state agrees with its rows", not bad,
+                  f"{len(h.workflow_cancelled)} cancels asked, "
+                  f"{len(h.workflow_cancel_running)} while running, "
+                  f"{sum(1 for w in h.workflows if w.cause == 'cancelled')} workflows "
+                  f"cancelled; {len(bad)} wrong", _examples(bad))
+
+
+def check_contexts(h: History) -> Result:
+    ours = {j.id for j in h.jobs if j.workflow_id is not None}
+    seen = sum(1 for e in h.events if e.event == "start" and e.job_id in ours)
+    bad = sorted({e.job_id for e in h.events if e.event == "bad-context"})
+    return Result("each step saw its key, its predecessors' results", not bad,
+                  f"{seen} executions of workflow rows, {len(bad)} saw a wrong context",
+                  _examples(f"job {i}: a wrong ctx.results, idempotency_key or compensating"
+                            for i in bad))
+
+
 def check(h: History) -> list[Result]:
     return [check_final(h), check_dead(h), check_cancelled(h), check_stuck(h),
-            check_overlap(h), check_effects(h), check_orphans(h), check_supervisors(h)]
+            check_overlap(h), check_effects(h), check_orphans(h), check_supervisors(h),
+            check_workflows_finished(h), check_workflow_states(h), check_step_effects(h),
+            check_compensated(h), check_contexts(h)]
 
 
 def table(faults: list[tuple[str, int, str]], results: list[Result]) -> str:

@@ -95,7 +95,8 @@ class Cluster:
             conn.execute("SELECT pg_reload_conf()")
         with psycopg.connect(self.db_url) as conn:
             migrate(conn)
-            sync(conn, list(load_app(APP).decls.values()))
+            app = load_app(APP)
+            sync(conn, list(app.decls.values()), workflows=list(app.workflows.values()))
             from chaos.app import SCHEMA
 
             conn.execute(SCHEMA)

@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import psutil
+import psycopg
 
+import atlantis
 from chaos.cluster import QUEUE, Cluster, Instance
 
 HEARTBEAT = 2.0
@@ -24,6 +26,7 @@ HEARTBEAT = 2.0
 WEIGHTS = {
     "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
     "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
+    "cancel_workflow": 1.5,
 }
 """How often each kind of fault is picked, relatively."""
 
@@ -42,6 +45,10 @@ class Faults:
         """Every job a cancel was asked for (whether or not the command went through)."""
         self.cancel_accepted: set[int] = set()
         """The jobs whose ``tide job cancel`` exited 0."""
+        self.workflow_cancelled: set[int] = set()
+        """Every workflow a cancel was asked for (whether or not it went through)."""
+        self.workflow_cancel_running: set[int] = set()
+        """The workflows whose cancel committed while they were ``running``."""
         self.paused = False
         self._undo: list[tuple[float, Callable[[], None]]] = []
 
@@ -88,6 +95,9 @@ class Faults:
             ("tide job cancel", f["cancel"], f"{n['cancel_too_late']} after the job finished"),
             ("tide queue pause / resume", f["pause"], ""),
             ("SIGHUP of a supervisor", f["sighup"], ""),
+            ("workflow cancel", f["cancel_workflow"],
+             f"{n['cancel_workflow_step']} through a step's row, "
+             f"{n['cancel_workflow_late']} once it had stopped"),
         ]
 
     # ---- helpers ------------------------------------------------------------------------
@@ -179,8 +189,10 @@ class Faults:
 
     def _cancel(self) -> None:
         # Long running jobs first: the cancel then reaches a handler mid-run.
+        # A workflow's rows are cancelled with their workflow (_cancel_workflow).
         rows = self.cluster.query(
             "SELECT id FROM atlantis.jobs WHERE state IN ('running', 'available') "
+            "AND workflow_id IS NULL "
             "ORDER BY state = 'running' AND (args->>'ticks')::int >= 10 DESC, random() LIMIT 1")
         if not rows:
             return
@@ -208,3 +220,37 @@ class Faults:
             return
         sup.signal(signal.SIGHUP)
         self.counts["sighup"] += 1
+
+    def _cancel_workflow(self) -> None:
+        """Cancel a running workflow, one with a step running first: half the time with
+        ``atlantis.cancel_workflow``, else with ``atlantis.cancel`` of its running step's
+        row (which cancels the whole workflow). Its state before the cancel is read under
+        the instance's lock, in the cancel's transaction."""
+        rows = self.cluster.query(
+            "SELECT w.id, (SELECT j.id FROM atlantis.jobs j WHERE j.workflow_id = w.id "
+            "                 AND NOT j.compensation AND j.state = 'running' LIMIT 1) "
+            "  FROM atlantis.workflow_instances w WHERE w.state = 'running' "
+            " ORDER BY 2 IS NULL, random() LIMIT 1")
+        conn = self.cluster.conn()
+        if not rows or conn is None:
+            return
+        wid, step_job = int(rows[0][0]), rows[0][1]
+        through_step = step_job is not None and self.rng.random() < 0.5
+        self.workflow_cancelled.add(wid)  # before asking, as for jobs
+        self.counts["cancel_workflow"] += 1
+        try:
+            with conn.transaction():
+                row = conn.execute("SELECT state FROM atlantis.workflow_instances "
+                                   "WHERE id = %s FOR NO KEY UPDATE", (wid,)).fetchone()
+                if through_step:
+                    atlantis.cancel(conn, int(step_job), by="chaos")
+                    self.notes["cancel_workflow_step"] += 1
+                else:
+                    atlantis.cancel_workflow(conn, wid, by="chaos")
+        except psycopg.OperationalError:  # the server restarts: whether it went through is unknown
+            self.cluster.disconnect()
+            return
+        if row is not None and row[0] == "running":
+            self.workflow_cancel_running.add(wid)
+        else:
+            self.notes["cancel_workflow_late"] += 1

@@ -31,6 +31,9 @@ from chaos.server import OwnServer
 
 BACKLOG = 150
 """The producer keeps about this many jobs waiting."""
+WORKFLOWS = 10
+"""... and about this many workflows (``chaos.Order``) running or compensating."""
+WORKFLOW = "chaos.Order"
 
 
 @dataclass(frozen=True)
@@ -67,25 +70,33 @@ def parse(argv: list[str] | None) -> Options:
 
 class Producer:
     """Keeps about BACKLOG jobs waiting: mostly short ones, some long (they span faults and
-    outlive leases), some failing their first attempt, some failing every attempt."""
+    outlive leases), some failing their first attempt, some failing every attempt; and
+    about WORKFLOWS workflows going, some doomed to fail at a step or to time out, some
+    with compensations failing their first attempt."""
 
     def __init__(self, cluster: Cluster, rng: random.Random) -> None:
         self.cluster = cluster
         self.rng = rng
         self.enqueued = 0
+        self.started = 0
         self._next = 0.0
 
     def step(self, now: float) -> None:
         if now < self._next:
             return
         self._next = now + 0.5
-        rows = self.cluster.query("SELECT count(*) FROM atlantis.jobs WHERE state = 'available'")
-        if rows is None or rows[0][0] >= BACKLOG:
+        rows = self.cluster.query(
+            "SELECT (SELECT count(*) FROM atlantis.jobs WHERE state = 'available'), "
+            "       (SELECT count(*) FROM atlantis.workflow_instances "
+            "         WHERE state IN ('running', 'compensating'))")
+        if rows is None:
             return
+        waiting, going = rows[0]
+        flows = [self.workflow_args() for _ in range(min(4, max(0, WORKFLOWS - going)))]
         work: list[dict[str, Any]] = []
         doomed: list[dict[str, Any]] = []
         rng = self.rng
-        for _ in range(BACKLOG - rows[0][0]):
+        for _ in range(max(0, BACKLOG - waiting)):
             r = rng.random()
             if r < 0.04:
                 doomed.append({"ticks": rng.randint(1, 2), "tick_ms": 10})
@@ -96,15 +107,29 @@ class Producer:
             else:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
         conn = self.cluster.conn()
-        if conn is None:
+        if conn is None or not (work or doomed or flows):
             return
         try:
             with conn.transaction():
-                self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Work", work))
+                if work:
+                    self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Work", work))
                 if doomed:
                     self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Doomed", doomed))
+                for args in flows:
+                    atlantis.start_workflow(conn, WORKFLOW, args)
+            self.started += len(flows)
         except psycopg.OperationalError:  # the server restarts: enqueue again later
             self.cluster.disconnect()
+
+    def workflow_args(self) -> dict[str, Any]:
+        """Short steps; 10% fail for good at charge, 10% at ship (the last step), 5% time
+        out (notify outlasts the workflow); a third of compensations fail once."""
+        rng = self.rng
+        r = rng.random()
+        doom = ("charge" if r < 0.10 else "ship" if r < 0.20 else "slow" if r < 0.25
+                else "never")
+        return {"ticks": rng.randint(1, 3), "tick_ms": rng.randint(5, 60), "doom": doom,
+                "fail": "first" if rng.random() < 0.33 else "never"}
 
 
 def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random.Random) -> None:
@@ -121,22 +146,25 @@ def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random
         if now >= next_report:
             next_report = now + 15
             say(f"{round(now - start)}s: {producer.enqueued} jobs enqueued, "
-                f"{sum(faults.counts.values())} faults")
+                f"{producer.started} workflows started, {sum(faults.counts.values())} faults")
         time.sleep(0.05)
 
 
 def settle(cluster: Cluster, seconds: float) -> bool:
-    """Wait until every job is finished, for at most ``seconds``."""
+    """Wait until every job and every workflow is finished, for at most ``seconds``."""
     deadline = time.monotonic() + seconds
     next_report = time.monotonic() + 10
     while time.monotonic() < deadline:
-        rows = cluster.query("SELECT count(*) FROM atlantis.jobs "
-                             "WHERE state NOT IN ('complete', 'dead', 'cancelled')")
-        if rows is not None and rows[0][0] == 0:
+        rows = cluster.query(
+            "SELECT (SELECT count(*) FROM atlantis.jobs "
+            "         WHERE state NOT IN ('complete', 'dead', 'cancelled')), "
+            "       (SELECT count(*) FROM atlantis.workflow_instances "
+            "         WHERE state IN ('running', 'compensating'))")
+        if rows is not None and rows[0] == (0, 0):
             return True
         if rows is not None and time.monotonic() >= next_report:
             next_report = time.monotonic() + 10
-            say(f"settling: {rows[0][0]} jobs not finished yet")
+            say(f"settling: {rows[0][0]} jobs and {rows[0][1]} workflows not finished yet")
         time.sleep(0.5)
     return False
 
@@ -145,15 +173,33 @@ def read_history(cluster: Cluster, faults: Faults) -> check.History:
     with psycopg.connect(cluster.db_url, autocommit=True) as conn:
         jobs = [check.JobRow(*r) for r in conn.execute(
             "SELECT id, job, state, attempt, max_attempts, "
-            "       state = 'running' AND claimed_until < now() "
+            "       state = 'running' AND claimed_until < now(), "
+            "       workflow_id, step, compensation, "
+            "       workflow_id IS NOT NULL AND NOT compensation AND args->>'doom' = step "
             "  FROM atlantis.jobs ORDER BY id").fetchall()]
         events = [check.Event(*r) for r in conn.execute(
             "SELECT job_id, attempt, run, pid, event, at FROM chaos_history ORDER BY id"
         ).fetchall()]
+        # A plain job's key is its id; a workflow's rows' keys hold a colon.
         effects = {int(r[0]): int(r[1]) for r in conn.execute(
-            "SELECT job_id, count(*) FROM chaos_effects GROUP BY job_id").fetchall()}
+            "SELECT job_id, count(*) FROM chaos_effects WHERE key NOT LIKE '%:%' "
+            "GROUP BY job_id").fetchall()}
+        keyed = {str(r[0]): int(r[1]) for r in conn.execute(
+            "SELECT key, count(*) FROM chaos_effects WHERE key LIKE '%:%' GROUP BY key"
+        ).fetchall()}
+        workflows = [check.WorkflowRow(*r) for r in conn.execute(
+            "SELECT id, state, cause, failed_step, args->>'doom' = 'slow' "
+            "  FROM atlantis.workflow_instances ORDER BY id"
+        ).fetchall()]
+        steps = [check.StepRow(*r) for r in conn.execute(
+            "SELECT w.id, s.step, s.compensate, s.job_id, s.comp_job_id, "
+            "       coalesce(s.started, false) "
+            "  FROM atlantis.workflow_instances w, atlantis.workflow_step_states(w.id) s "
+            " ORDER BY w.id, s.ord").fetchall()]
     return check.History(jobs, events, effects, set(faults.cancelled),
-                         set(faults.cancel_accepted))
+                         set(faults.cancel_accepted), workflows=workflows, steps=steps,
+                         keyed=keyed, workflow_cancelled=set(faults.workflow_cancelled),
+                         workflow_cancel_running=set(faults.workflow_cancel_running))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             for i in cluster.instances()]
         results = check.check(history)
         print(check.table(faults.rows(), results))
-        print(f"\n{len(history.jobs)} jobs, {len(history.events)} events recorded, "
+        in_flows = sum(1 for j in history.jobs if j.workflow_id is not None)
+        print(f"\n{len(history.jobs)} jobs ({in_flows} of them steps and compensations of "
+              f"{len(history.workflows)} workflows), {len(history.events)} events recorded, "
               f"{faults.notes['tide_failed']} tide commands failed (database down), "
               f"{time.monotonic() - started:.0f}s in all; seed {opts.seed}")
         ok = all(r.ok for r in results)

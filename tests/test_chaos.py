@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chaos import check
-from chaos.check import Event, History, JobRow, SupervisorFate
+from chaos.check import Event, History, JobRow, StepRow, SupervisorFate, WorkflowRow
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -97,6 +97,120 @@ def test_orphans_and_dead_supervisors_fail() -> None:
     killed = [SupervisorFate("s0", killed=True, alive_at_end=False),
               SupervisorFate("s0#1", killed=False, alive_at_end=True, stop_code=0)]
     assert failed(history(supervisors=killed)) == set()
+
+
+def step_row(job: int, wid: int, step: str, state: str = "complete", *, undo: bool = False,
+             attempt: int = 1, doomed: bool = False) -> JobRow:
+    return JobRow(job, "chaos.Undo" if undo else "chaos.Step", state, attempt, 3, False,
+                  workflow_id=wid, step=step, compensation=undo, doomed=doomed)
+
+
+def workflow_history(**kw: object) -> History:
+    """Workflow 10 completed (steps a, b); workflow 20 failed at b (dead after its 3
+    attempts), a compensated; each row ran once and recorded its effect under its key."""
+    jobs = [step_row(11, 10, "a"), step_row(12, 10, "b"), step_row(21, 20, "a"),
+            step_row(22, 20, "b", "dead", attempt=3, doomed=True),
+            step_row(23, 20, "a", undo=True)]
+    events: list[Event] = []
+    for i, j in enumerate(jobs):
+        events += run_events(j.id, 1, f"w{i}", 10.0 + i, 10.5 + i)
+    base: dict[str, object] = {
+        "jobs": jobs, "events": events, "effects": {}, "cancelled": set(),
+        "supervisors": [SupervisorFate("s0", killed=False, alive_at_end=True, stop_code=0)],
+        "workflows": [WorkflowRow(10, "complete"), WorkflowRow(20, "failed", "failed", "b")],
+        "steps": [StepRow(10, "a", "chaos.Undo", 11, None, True),
+                  StepRow(10, "b", None, 12, None, True),
+                  StepRow(20, "a", "chaos.Undo", 21, 23, True),
+                  StepRow(20, "b", None, 22, None, True)],
+        "keyed": {"10:a": 1, "10:b": 1, "20:a": 1, "20:a:compensate": 1},
+    }
+    base.update(kw)
+    return History(**base)  # type: ignore[arg-type]
+
+
+def test_a_clean_workflow_history_passes_every_check() -> None:
+    assert failed(workflow_history()) == set()
+
+
+def test_a_step_effect_missing_or_doubled_fails() -> None:
+    name = "each completed step's effect once under its key"
+    assert name in failed(workflow_history(keyed={"10:a": 1, "20:a": 1, "20:a:compensate": 1}))
+    assert name in failed(workflow_history(
+        keyed={"10:a": 2, "10:b": 1, "20:a": 1, "20:a:compensate": 1}))
+    # A completed compensation is a row like any other: its effect is there once.
+    assert name in failed(workflow_history(keyed={"10:a": 1, "10:b": 1, "20:a": 1}))
+    # Plain jobs' effects are keyed by job id; a workflow's rows need none there.
+    assert "each completed job's effect present exactly once" not in failed(workflow_history())
+
+
+def test_a_started_step_left_uncompensated_fails() -> None:
+    name = "every started step of a failed or cancelled workflow compensated once"
+    # Step a of workflow 20 started and completed; a failure must undo it.
+    h = workflow_history(jobs=workflow_history().jobs[:4], keyed={"10:a": 1, "10:b": 1, "20:a": 1},
+                         steps=[*workflow_history().steps[:2],
+                                StepRow(20, "a", "chaos.Undo", 21, None, True),
+                                StepRow(20, "b", None, 22, None, True)])
+    assert name in failed(h)
+    # The handler's own start counts even where the database saw no attempt begin.
+    h = workflow_history(jobs=h.jobs, keyed=h.keyed,
+                         steps=[*h.steps[:2], StepRow(20, "a", "chaos.Undo", 21, None, False),
+                                h.steps[3]])
+    assert name in failed(h)
+    # A step that never started is never compensated.
+    never = workflow_history(
+        events=[e for e in workflow_history().events if e.job_id != 21],
+        steps=[*workflow_history().steps[:2], StepRow(20, "a", "chaos.Undo", 21, 23, False),
+               workflow_history().steps[3]])
+    assert name in failed(never)
+
+
+def test_a_workflow_left_running_or_compensation_failed_without_cause_fails() -> None:
+    name = "no workflow left running or compensating"
+    for state in ("running", "compensating"):
+        h = workflow_history(workflows=[WorkflowRow(10, "complete"),
+                                        WorkflowRow(20, state, "failed", "b")])
+        assert name in failed(h)
+    unexplained = [WorkflowRow(10, "complete"), WorkflowRow(20, "compensation_failed", "failed", "b")]
+    assert name in failed(workflow_history(workflows=unexplained))
+    # With its compensation dead (after all its attempts) it is a workflow that could not be
+    # undone, which the run reports but does not hold against the product.
+    jobs = [*workflow_history().jobs[:4], step_row(23, 20, "a", "dead", undo=True, attempt=3)]
+    assert failed(workflow_history(workflows=unexplained, jobs=jobs,
+                                   keyed={"10:a": 1, "10:b": 1, "20:a": 1})) == set()
+
+
+def test_a_workflow_state_that_disagrees_with_its_rows_fails() -> None:
+    name = "each workflow's state agrees with its rows"
+    base = workflow_history()
+    jobs = list(base.jobs)
+    # Complete, yet a step is not.
+    assert name in failed(workflow_history(jobs=[step_row(11, 10, "a"),
+                                                 step_row(12, 10, "b", "dead", attempt=3),
+                                                 *jobs[2:]]))
+    # Complete, though a step outlasts its timeout: the timeout was not enforced.
+    assert name in failed(workflow_history(workflows=[WorkflowRow(10, "complete", slow=True),
+                                                      WorkflowRow(20, "failed", "failed", "b")]))
+    # Failed at a step whose row completed.
+    assert name in failed(workflow_history(workflows=[WorkflowRow(10, "complete"),
+                                                      WorkflowRow(20, "failed", "failed", "a")]))
+    # Cancelled: only if asked, and always if asked while it ran.
+    cancelled = [WorkflowRow(10, "complete"), WorkflowRow(20, "cancelled", "cancelled")]
+    step_cancelled = [*jobs[:3], step_row(22, 20, "b", "cancelled"), jobs[4]]
+    assert name in failed(workflow_history(workflows=cancelled, jobs=step_cancelled))
+    assert failed(workflow_history(workflows=cancelled, jobs=step_cancelled,
+                                   workflow_cancelled={20}, workflow_cancel_running={20})) == set()
+    assert name in failed(workflow_history(workflow_cancelled={20}, workflow_cancel_running={20}))
+    # A step's row is cancelled only in a workflow that stopped; a compensation's never.
+    assert name in failed(workflow_history(jobs=[step_row(11, 10, "a"),
+                                                 step_row(12, 10, "b", "cancelled"), *jobs[2:]]))
+    assert name in failed(workflow_history(jobs=[*jobs[:4],
+                                                 step_row(23, 20, "a", "cancelled", undo=True)]))
+
+
+def test_a_handler_that_saw_a_wrong_context_fails() -> None:
+    events = [*workflow_history().events, Event(12, 1, "w1", 101, "bad-context", at(11.2))]
+    assert "each step saw its key, its predecessors' results" in failed(
+        workflow_history(events=events))
 
 
 @pytest.mark.timeout(420)

@@ -172,3 +172,41 @@ def test_live_job_page_cancel_and_escaping(db: psycopg.Connection[Any], tmp_path
     assert wait_state(db, job_id, "cancelled")["cancelled_by"] == "console:ops"
     audit = db.execute("SELECT action, target, label FROM atlantis.console_audit").fetchall()
     assert audit == [("cancel", str(job_id), "ops")]
+
+
+def test_live_workflow_page_follows_its_steps_and_cancels(
+        db: psycopg.Connection[Any], tmp_path: Path, supervise: Callable[..., Any],
+        console_server: Callable[..., Console],  # noqa: F811
+        browser: Any) -> None:
+    workflow_id = atlantis.start_workflow(db, "console.Long", {"account_id": "acme"})
+    con = console_server(env={"ATLANTIS_CONSOLE_TOKEN": f"ops:{SECRET}"})
+    browser.get(f"{con.url}/login?next=/workflows/{workflow_id}")
+    browser.find_element(By.NAME, "token").send_keys(SECRET)
+    browser.find_element(By.ID, "login-submit").click()
+    wait_for(lambda: "waiting" in text(browser, "#steps"), message="the workflow page")
+    browser.execute_script("window.__marker = 'same page';")
+    supervise(queues=("console",), app=APP, concurrency=2)
+
+    def step_states() -> list[str]:
+        return texts(browser, "#steps tbody tr td:nth-child(3)")
+
+    wait_for(lambda: step_states() == ["complete", "running"], timeout=60,
+             message="the page to show the import running")
+    assert browser.execute_script("return window.__marker") == "same page"  # live, no reload
+    click(browser, "button[data-action=cancel]")
+
+    def accept() -> bool:
+        try:
+            browser.switch_to.alert.accept()
+            return True
+        except NoAlertPresentException:
+            return False
+
+    wait_for(accept, message="the confirmation")
+    wait_for(lambda: text(browser, ".summary .badge") == "cancelled", timeout=60,
+             message="the page to show the workflow cancelled")
+    trail = texts(browser, "#compensations tbody tr")
+    assert [row.split()[0] for row in trail] == ["import", "create"], trail
+    shot(browser, tmp_path, "console-workflow.png")
+    audit = db.execute("SELECT action, target, label FROM atlantis.console_audit").fetchall()
+    assert audit == [("workflow-cancel", str(workflow_id), "ops")]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -66,6 +68,22 @@ def show_rows(rows: Sequence[_Row], as_json: bool, document: Callable[[_Row], An
         print_json([document(r) for r in rows])
     else:
         table(rows)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def args_option(text: str) -> dict[str, Any]:
+    """``--args``: a JSON object; anything else ends the command with one line (exit 1)."""
+    try:
+        # Exact numbers: a 30-digit numeric must not pass through a float on its way.
+        args = json.loads(text, parse_float=Decimal, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        fail(f"--args is not JSON: {exc}")
+    if not isinstance(args, dict):
+        fail("--args must be a JSON object")
+    return args
 
 
 def operator_name() -> str | None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from datetime import UTC
-from decimal import Decimal
 from typing import Any
 
 import click
@@ -23,6 +21,7 @@ from atlantis.cli.common import (
     JOB_ID,
     LIMIT,
     PRIORITY,
+    args_option,
     connection,
     duration_option,
     fail,
@@ -33,7 +32,12 @@ from atlantis.cli.common import (
     show_rows,
 )
 from atlantis.cli.escape import safe
-from atlantis.errors import AtlantisError, JobNotFoundError, UniqueKeyTakenError
+from atlantis.errors import (
+    AtlantisError,
+    JobNotFoundError,
+    UniqueKeyTakenError,
+    WorkflowStateError,
+)
 from atlantis.presentation import job_document, log_document
 from atlantis.store import admin, fleet
 from atlantis.store.typed_rows import as_dict
@@ -103,10 +107,6 @@ def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: 
     show_rows(rows, as_json, job_document, tables.job_table)
 
 
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 @job.command("enqueue")
 @click.argument("name")
 @click.option("--args", "args_json", default="{}", help="The arguments as a JSON object.")
@@ -120,13 +120,7 @@ def _no_constant(name: str) -> object:
 def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None,
                 priority: int | None, queue: str | None) -> None:
     """Enqueue a job; prints its id alone on stdout."""
-    try:
-        # Exact numbers: a 30-digit numeric must not pass through a float on its way.
-        args = json.loads(args_json, parse_float=Decimal, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        fail(f"--args is not JSON: {exc}")
-    if not isinstance(args, dict):
-        fail("--args must be a JSON object")
+    args = args_option(args_json)
     seconds = duration_option("--delay", delay) if delay else None
     with connection(ctx, autocommit=False) as conn:
         try:
@@ -149,8 +143,8 @@ def job_retry(ctx: click.Context, job_id: int) -> None:
     with connection(ctx) as conn:
         try:
             retried = operations.retry(conn, job_id, by=operator_name()) is not None
-        except (JobNotFoundError, UniqueKeyTakenError) as exc:
-            fail(str(exc))
+        except (JobNotFoundError, UniqueKeyTakenError, WorkflowStateError) as exc:
+            fail(str(exc))  # a workflow's row is retried with its workflow only
         if not retried:
             row = job_or_fail(conn, job_id)
             fail(f"job {job_id} is {row.state}; only dead or cancelled jobs can be retried")
@@ -167,10 +161,15 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
             after = operations.cancel(conn, job_id, by=operator_name())
         except JobNotFoundError as exc:
             fail(str(exc))
+        row = job_or_fail(conn, job_id)
         if after is None:
-            row = job_or_fail(conn, job_id)
             fail(f"job {job_id} is {row.state}; nothing to cancel")
-    if after == "running":
+    if row.workflow_id is not None:
+        what = "compensation of step" if row.compensation else "step"
+        click.echo(f"job {job_id} is {what} {safe(row.step or '?')} of workflow "
+                   f"{row.workflow_id}: the workflow is cancelled, with its compensations "
+                   f"(tide workflow status {row.workflow_id})")
+    elif after == "running":
         click.echo(f"job {job_id} is running; its supervisor is stopping it")
     else:
         click.echo(f"job {job_id} cancelled")

@@ -111,6 +111,10 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         flags = "  " + click.style("STALLED", fg="red", bold=True)
     run = f"run {job.run}, " if job.run > 1 else ""
     add("state", f"{state}  {run}attempt {job.attempt}/{job.max_attempts}{flags}")
+    if job.workflow_id is not None:
+        role = "compensation of step" if job.compensation else "step"
+        add("workflow", f"{job.workflow_id}  {role} {safe(job.step or '?')}  "
+                        f"(tide workflow status {job.workflow_id})")
     if job.progress_pct is not None or job.progress_msg:
         msg = f"  {safe(job.progress_msg)}" if job.progress_msg else ""
         add("progress", f"{progress_bar(job.progress_pct)}{msg}  ({relative(job.progress_at, now)})")

@@ -37,6 +37,7 @@ from atlantis.cli.escape import safe
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
+from atlantis.cli.workflows import workflow
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
 from atlantis.presentation import job_document, worker_document
@@ -63,6 +64,7 @@ def main(ctx: click.Context, database_url: str | None, timeout: str | None) -> N
 
 
 main.add_command(job)
+main.add_command(workflow)
 
 
 @main.group()

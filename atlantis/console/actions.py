@@ -21,7 +21,7 @@ from atlantis.console.common import (
     job_filter,
     settings_of,
 )
-from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
+from atlantis.errors import JobNotFoundError, UniqueKeyTakenError, WorkflowStateError
 from atlantis.store import admin
 from atlantis.store import console_queries as store
 
@@ -77,7 +77,11 @@ async def do_action(request: Request, who: Principal, action: str, job_id: int) 
         if row is None:
             raise ApiError(404, f"no job with id {job_id}")
         if action == "retry":
-            if operations.retry(conn, job_id, by=by) is None:
+            try:
+                retried = operations.retry(conn, job_id, by=by)
+            except WorkflowStateError as exc:  # a workflow's row: retried with its workflow
+                raise ApiError(409, str(exc)) from None
+            if retried is None:
                 raise ApiError(409, f"job {job_id} is {row.state}: only dead or cancelled "
                                     "jobs can be retried")
             return {"id": job_id, "state": "available"}
@@ -160,7 +164,7 @@ async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any])
                     ok = operations.retry(conn, job_id, by=by) is not None
                 else:
                     ok = operations.cancel(conn, job_id, by=by) is not None
-            except (UniqueKeyTakenError, JobNotFoundError) as exc:
+            except (UniqueKeyTakenError, JobNotFoundError, WorkflowStateError) as exc:
                 skipped.append({"id": job_id, "reason": str(exc)})
                 continue
             if ok:

@@ -21,6 +21,7 @@ from atlantis.console.settings import REDACTED
 from atlantis.presentation import job_document, json_default
 from atlantis.store import admin
 from atlantis.store.typed_rows import as_dict
+from atlantis.store.workflows import Workflow
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -90,6 +91,15 @@ def job_doc(row: admin.JobRow, keys: frozenset[str],
     doc["holder"] = None if holder is None else {"host": holder[0], "pid": holder[1]}
     if attempts is not None:
         doc["attempts"] = [as_dict(a) for a in attempts]
+    return doc
+
+
+def workflow_doc(found: Workflow, keys: frozenset[str]) -> dict[str, Any]:
+    """The API's workflow: ``tide workflow status --json``'s document with the args' hidden
+    keys redacted, and ``now`` (the database's clock) to read the steps' ages against."""
+    doc = found.document()
+    doc["args"] = redact(doc["args"], keys)
+    doc["now"] = found.row.db_now
     return doc
 
 

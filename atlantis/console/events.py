@@ -9,12 +9,16 @@ seconds:
 
 - tells list pages to refresh (one ``refresh`` event, whatever number of notifications);
 - reads again, once for all their viewers, the rows of the jobs whose pages are open and
-  that a notification named, and sends each viewer the job's document when it changed.
+  that a notification named, and sends each viewer the job's document when it changed;
+- reads again the workflows whose pages are open and one of whose rows (steps and
+  compensations, as of the workflow's last read) a notification named, and sends each
+  viewer the workflow's document when it changed (a step's new row is seen when the step
+  before it finishes: that row is the workflow's already).
 
-Fallbacks that do not depend on a NOTIFY arriving: the rows of open job pages are read
-again every ``poll_interval`` (a transition nobody notifies, a lost notification, the
-LISTEN connection down), and list pages get a refresh as often while the connection is
-down. New log lines of every open job page are read by one statement every
+Fallbacks that do not depend on a NOTIFY arriving: the rows of open job pages, and the
+open workflows, are read again every ``poll_interval`` (a transition nobody notifies, a
+lost notification, the LISTEN connection down), and list pages get a refresh as often
+while the connection is down. New log lines of every open job page are read by one statement every
 ``log_interval`` (logs are not notified: the supervisor's hot path pays nothing for a
 console). None of this costs a query per viewer: ten viewers of a job cost what one does.
 """
@@ -32,10 +36,11 @@ from typing import Any
 import orjson
 import psycopg
 
-from atlantis.console.data import Database, dumps, job_doc
+from atlantis.console.data import Database, dumps, job_doc, workflow_doc
 from atlantis.presentation import log_document
 from atlantis.store import admin
 from atlantis.store import console_queries as store
+from atlantis.store.workflows import Workflow, get_workflow
 
 log = logging.getLogger("atlantis.console")
 
@@ -45,11 +50,13 @@ QUEUE_SIZE = 1000
 
 @dataclass(eq=False)
 class Subscriber:
-    """One open page: ``job_id`` None for a list page. Events are ``(name, data)``:
-    ``("refresh", b"{}")``, ``("job", json)``, ``("log", json)``."""
+    """One open page: ``job_id`` None for a list page or a workflow's (``workflow_id``).
+    Events are ``(name, data)``: ``("refresh", b"{}")``, ``("job", json)``, ``("log",
+    json)``, ``("workflow", json)``."""
 
     job_id: int | None
     log_after: int = 0
+    workflow_id: int | None = None
     queue: asyncio.Queue[tuple[str, bytes]] = field(
         default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
 
@@ -73,6 +80,10 @@ class Broker:
         self._lists: set[Subscriber] = set()
         self._jobs: dict[int, set[Subscriber]] = defaultdict(set)
         self._last_doc: dict[int, bytes] = {}
+        self._workflows: dict[int, set[Subscriber]] = defaultdict(set)
+        self._workflow_rows: dict[int, set[int]] = {}
+        """The ids of each open workflow's rows, as of its last read."""
+        self._last_workflow_doc: dict[int, bytes] = {}
         self._dirty: set[int] = set()
         self._lists_dirty = False
         self._log_after: int | None = None
@@ -111,8 +122,27 @@ class Broker:
                                                                         log_after)
         return sub
 
+    def subscribe_workflow(self, workflow_id: int, rows: set[int], doc: dict[str, Any]
+                           ) -> Subscriber:
+        """A viewer of one workflow, which has read its document ``doc`` (its rows:
+        ``rows``)."""
+        sub = Subscriber(None, workflow_id=workflow_id)
+        if workflow_id not in self._workflows:
+            self._workflow_rows[workflow_id] = set(rows)
+            self._last_workflow_doc[workflow_id] = changes_of(doc)
+        self._workflows[workflow_id].add(sub)
+        return sub
+
     def unsubscribe(self, sub: Subscriber) -> None:
         self._lists.discard(sub)
+        if sub.workflow_id is not None:
+            viewers = self._workflows.get(sub.workflow_id)
+            if viewers is not None:
+                viewers.discard(sub)
+                if not viewers:
+                    del self._workflows[sub.workflow_id]
+                    self._workflow_rows.pop(sub.workflow_id, None)
+                    self._last_workflow_doc.pop(sub.workflow_id, None)
         if sub.job_id is not None:
             viewers = self._jobs.get(sub.job_id)
             if viewers is not None:
@@ -125,7 +155,8 @@ class Broker:
 
     @property
     def viewers(self) -> int:
-        return len(self._lists) + sum(len(v) for v in self._jobs.values())
+        return (len(self._lists) + sum(len(v) for v in self._jobs.values())
+                + sum(len(v) for v in self._workflows.values()))
 
     # -- the LISTEN connection ----------------------------------------------------------
 
@@ -142,6 +173,7 @@ class Broker:
                     # Whatever happened while nobody listened: refresh everything once.
                     self._lists_dirty = True
                     self._dirty.update(self._jobs)
+                    self._dirty.update(i for rows in self._workflow_rows.values() for i in rows)
                     self._wake.set()
                     async for note in conn.notifies():
                         self._heard(note.channel, note.payload)
@@ -200,7 +232,10 @@ class Broker:
             for sub in list(self._lists):
                 sub.put("refresh", b"{}")
         wanted = set(self._jobs) if polling else self._dirty & set(self._jobs)
+        flows = {w for w, rows in self._workflow_rows.items() if polling or rows & self._dirty}
         self._dirty.clear()
+        if flows:
+            await self._send_workflows(sorted(flows))
         if not wanted:
             return
         docs = await self.db.run(lambda conn: self._read(conn, sorted(wanted)))
@@ -210,6 +245,30 @@ class Broker:
             self._last_doc[job_id] = data
             for sub in list(self._jobs.get(job_id, ())):
                 sub.put("job", data)
+
+    async def _send_workflows(self, ids: list[int]) -> None:
+        docs = await self.db.run(lambda conn: self._read_workflows(conn, ids))
+        for workflow_id, (rows, key, data) in docs.items():
+            if workflow_id not in self._workflows:
+                continue  # its last viewer left meanwhile
+            self._workflow_rows[workflow_id] = rows
+            if self._last_workflow_doc.get(workflow_id) == key:
+                continue
+            self._last_workflow_doc[workflow_id] = key
+            for sub in list(self._workflows.get(workflow_id, ())):
+                sub.put("workflow", data)
+
+    def _read_workflows(self, conn: psycopg.Connection[Any],
+                        ids: list[int]) -> dict[int, tuple[set[int], bytes, bytes]]:
+        """Per workflow: its rows' ids, what tells a change (the document without the
+        clock) and the document."""
+        found: dict[int, tuple[set[int], bytes, bytes]] = {}
+        for workflow_id in ids:
+            flow = get_workflow(conn, workflow_id)
+            if flow is not None:
+                doc = workflow_doc(flow, self.redact)
+                found[workflow_id] = (workflow_rows(flow), changes_of(doc), dumps(doc))
+        return found
 
     def _read(self, conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, bytes]:
         found: dict[int, bytes] = {}
@@ -251,3 +310,13 @@ class Broker:
 def _logs_since(conn: psycopg.Connection[Any], *, ids: list[int],
                 after: int) -> list[store.ConsoleLogLine]:
     return store.logs_since(conn, ids, after)
+
+
+def workflow_rows(flow: Workflow) -> set[int]:
+    """The ids of a workflow's rows (steps that have one, and compensations)."""
+    return {s.job_id for s in flow.steps if s.job_id is not None}
+
+
+def changes_of(doc: dict[str, Any]) -> bytes:
+    """A workflow's document without the clock: equal for two reads with nothing new."""
+    return dumps({k: v for k, v in doc.items() if k != "now"})

@@ -86,6 +86,12 @@ class Queries:
     doctor_unserved_declarations: LiteralString
     doctor_missed_slots: LiteralString
     doctor_duplicate_unique_keys: LiteralString
+    # workflows.sql (operators' reads of workflows)
+    workflow_get: LiteralString
+    workflow_forward_steps: LiteralString
+    workflow_compensation_steps: LiteralString
+    workflow_list: LiteralString
+    workflow_counts: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -117,7 +123,9 @@ def _compact(body: str) -> str:
 
 def _load() -> Queries:
     files = resources.files("atlantis.store")
-    return Queries(*(files.joinpath(name).read_text("utf-8") for name in ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql")))
+    names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
+             "workflows.sql")
+    return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 
 Q = _load()

@@ -19,6 +19,7 @@ import orjson
 from psycopg.types.json import Jsonb
 
 from atlantis.store.queries import Q
+from atlantis.store.workflows import counts_from_rows, counts_params
 
 T = TypeVar("T")
 
@@ -258,6 +259,12 @@ async def queue_gauges(db: Connection, queues: list[str]) -> tuple[int, int]:
     """(stalled, dead) rows of ``queues``."""
     rows = await db.fetch(Q.queue_gauges, {"queues": queues}, timeout=5)
     return rows[0][0], rows[0][1]
+
+
+async def workflow_gauges(db: Connection) -> dict[str, int]:
+    """How many workflows are in each state (every state named, 0 when none is), each
+    count at most ``workflows.COUNT_CAP``."""
+    return counts_from_rows(await db.fetch(Q.workflow_counts, counts_params(), timeout=5))
 
 
 async def log_insert(db: Connection, lines: Sequence[tuple[int, int, int, datetime, str, str]]

@@ -50,6 +50,10 @@ class Metrics:
         self.dead = Gauge(
             "atlantis_dead_jobs", "Jobs of the served queues in the dead-letter queue.",
             registry=self.registry)
+        self.workflows = Gauge(
+            "atlantis_workflows", "Workflows in each state, in the whole database (every "
+            "supervisor reports the same counts; each stops at 100000).", ["state"],
+            registry=self.registry)
         self.schedule_missed = Counter(
             "atlantis_schedule_slots_missed_total", "Schedule slots skipped because they were "
             "already later than the grace when a round first saw them (nothing ran then); "

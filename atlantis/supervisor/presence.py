@@ -66,7 +66,7 @@ class Presence(Service):
             await self.register()
 
     async def register(self) -> None:
-        """Write the worker row (and read the queue gauges): with ``--rss-per-refresh``
+        """Write the worker row (and read the queue and workflow gauges): with ``--rss-per-refresh``
         children's memory read at most, those read least recently first (with 500 attempts
         in flight each is read every 5 refreshes: reading every tree each time cost ~1.5% of
         a core); the others as last read."""
@@ -93,6 +93,12 @@ class Presence(Service):
             return
         rt.metrics.stalled.set(stalled)
         rt.metrics.dead.set(dead)
+        try:
+            workflows = await sql.workflow_gauges(self.db)
+        except (DatabaseUnavailable, StatementRejected):
+            return
+        for state, count in workflows.items():
+            rt.metrics.workflows.labels(state).set(count)
 
     async def unregister(self) -> None:
         try:

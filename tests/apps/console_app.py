@@ -4,7 +4,8 @@
   ``steps`` steps, scaled to 0..100) with ``message`` and the step, and prints a log line;
   it returns as soon as ``ctx.cancelled`` turns true (the job then ends ``cancelled``).
 - ``console.Fail``: raises ``RuntimeError(message)``: straight to the dead-letter queue.
-- ``console.Quick``: returns at once.
+- ``console.Quick``: returns at once, its account and step (None outside a workflow) as
+  its result.
 """
 
 from __future__ import annotations
@@ -36,5 +37,5 @@ def fail(ctx: atlantis.JobContext, args: Any) -> None:
 
 
 @registry.handler("console.Quick")
-def quick(ctx: atlantis.JobContext, args: Any) -> None:
-    return None
+def quick(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
+    return {"account": args.account_id, "step": ctx.step}

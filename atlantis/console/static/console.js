@@ -44,7 +44,8 @@
   });
 
   // ---- list pages: refresh #live on "refresh" events, debounced --------------------------
-  function listPage() {
+  // A workflow's page too: it reads itself again on each "workflow" event of its stream.
+  function listPage(url, eventName) {
     var busy = false, again = false, last = 0, timer = null, source = null, poller = null;
 
     function refresh() {
@@ -78,9 +79,9 @@
     function stopPolling() { if (poller) { clearInterval(poller); poller = null; } }
 
     if (window.EventSource) {
-      source = new EventSource("/api/events");
+      source = new EventSource(url);
       source.addEventListener("open", function () { stopPolling(); setStatus("live", "on"); });
-      source.addEventListener("refresh", refresh);
+      source.addEventListener(eventName, refresh);
       source.addEventListener("error", startPolling);
     } else {
       startPolling();
@@ -222,7 +223,10 @@
     pauseBtn = document.getElementById("pause-toggle");
     var main = document.querySelector("main[data-live]");
     if (!main) { if (statusEl) statusEl.hidden = true; if (pauseBtn) pauseBtn.hidden = true; return; }
-    var resume = main.getAttribute("data-live") === "job" ? jobPage(main) : listPage();
+    var live = main.getAttribute("data-live"), resume;
+    if (live === "job") resume = jobPage(main);
+    else if (live === "workflow") resume = listPage("/api/workflows/" + main.getAttribute("data-workflow-id") + "/stream", "workflow");
+    else resume = listPage("/api/events", "refresh");
     if (pauseBtn) pauseBtn.addEventListener("click", function () {
       paused = !paused;
       pauseBtn.textContent = paused ? "Resume updates" : "Pause updates";
