@@ -9,7 +9,9 @@ nothing, and a cancel during the import compensates the import and the account.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -47,9 +49,11 @@ def journal(conn: psycopg.Connection[Any], workflow_id: int) -> list[tuple[str, 
 
 
 def test_the_demo_runs_both_workflows_and_verifies_them(
-    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv(ENV_URL, db_url)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the supervisor's log goes here
     assert demo.main(["--seconds", "1", "--deadline", "90"]) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
