@@ -24,7 +24,6 @@ worker and the CRM it started are stopped before it exits.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -219,30 +218,17 @@ def watch(conn: psycopg.Connection[Any], workflow_id: int, sup: Any, deadline: f
         time.sleep(0.1)
 
 
-def show_trail(conn: psycopg.Connection[Any], view: WorkflowView) -> None:
-    """The workflow as ``tide workflow status`` shows it: its state, then every step and
-    compensation with its state, attempt, timing (from the workflow's start) and result;
-    then what each compensation printed (``tide job logs``)."""
-
-    def at(moment: datetime | None) -> str:
-        return "-" if moment is None else f"+{(moment - view.created_at).total_seconds():.2f}s"
-
-    say(f"workflow {view.id}  {view.workflow}  {view.state}   args {as_json(view.args)}")
-    if view.cause:
-        say(f"  cause {view.cause}" + (f", failed step {view.failed_step}" if view.failed_step else ""))
-    if view.error:
-        say(f"  error {clip(view.error)}")
-    say(f"  {'step':<13} {'job':<25} {'job id':>6}  {'state':<10} {'attempt':<7} "
-        f"{'started':>8} {'finished':>8}  result")
-    for r in view.rows:
-        say(clip(f"  {r.label:<13} {r.job:<25} {r.id:>6}  {r.state:<10} "
-                 f"{f'{r.attempt}/{r.max_attempts}':<7} {at(r.started_at):>8} "
-                 f"{at(r.finished_at):>8}  {as_json(r.result)}", 160))
-    for name in view.waiting:
-        say(f"  {name:<13} (never became runnable)")
-    undo = [r.id for r in view.rows if r.compensation and r.state == "complete"]
-    for job_id, line in compensation_logs(conn, undo):
-        say(clip(f"  log of job {job_id}: {line}", 200))
+def show_trail(url: str, conn: psycopg.Connection[Any], view: WorkflowView) -> None:
+    """The trail as an operator sees it: ``tide workflow status`` (each step in dependency
+    order with its state, attempt, progress, timing and result, then the compensations),
+    and what each compensation printed (``tide job logs``: it names ``ctx.compensating``)."""
+    say(f"$ tide workflow status {view.id}")
+    say(run_tide(url, "workflow", "status", str(view.id)).rstrip())
+    undo = [r.id for r in view.rows if r.compensation]
+    compensation_logs(conn, undo)
+    for job_id in undo:
+        say(f"$ tide job logs {job_id}")
+        say(run_tide(url, "job", "logs", str(job_id)).rstrip())
 
 
 def compensation_logs(conn: psycopg.Connection[Any], job_ids: Sequence[int],
@@ -323,7 +309,7 @@ def run(url: str, account: str, sup: Any, deadline: float) -> WorkflowView:
     with psycopg.connect(url, autocommit=True) as conn:
         view = watch(conn, workflow_id, sup, deadline, time.monotonic())
         say("")
-        show_trail(conn, view)
+        show_trail(url, conn, view)
     return view
 
 
@@ -366,9 +352,6 @@ def run_demo(url: str, crm: FakeCRM, *, seconds: float, deadline: float,
         finally:
             set_outage(url, None)
 
-        if importlib.util.find_spec("atlantis.cli.workflows") is not None:
-            say(f"\n$ tide workflow status {second.id}")
-            say(run_tide(url, "workflow", "status", str(second.id)).rstrip())
 
     step("6. verify")
     with psycopg.connect(url, autocommit=True) as conn:
