@@ -9,10 +9,11 @@ What it does, in order:
    import step takes a few seconds;
 3. starts ``atlantis-supervise`` on the queues of the workflow's jobs;
 4. run 1: starts ``onboarding.Onboard`` for one account and prints each step's state as it
-   changes, until the workflow is complete; then its trail, step by step;
+   changes, until the workflow is complete; then ``tide workflow status`` of it;
 5. run 2: turns the mail provider off (a row in ``mail_outage``), starts the workflow for
    another account, and prints the welcome step going ``dead`` and the two compensations
-   running, newest step first; then the trail, with what each compensation logged;
+   running, newest step first; then ``tide workflow status``, and ``tide job logs`` of
+   each compensation (the ``ctx.compensating`` it printed);
 6. checks both runs in the database: run 1 complete with every step's result, run 2
    ``failed`` with the welcome dead, each compensation complete exactly once and in reverse
    order, and the account and its contacts gone.
