@@ -138,3 +138,17 @@ def test_a_row_cancelled_before_a_child_takes_it_never_starts() -> None:
     assert sorted(ended) == [1, 2]
     assert all(r.state == "cancelled" and r.error is not None and r.error["kind"] == "cancelled"
                and r.child_pid is None for r in ended.values())
+
+
+def test_a_batch_to_write_takes_its_workflows_in_one_order() -> None:
+    """Two batches locking two workflows in opposite orders would deadlock (each finish of a
+    step locks its workflow): every batch takes them by id."""
+    ledger, clock = _ledger()
+    for job_id, workflow_id in ((1, 9), (2, None), (3, 4), (4, 9), (5, 4)):
+        row = ClaimedRow(job_id, "q.Job", "q", "{}", 1, 3, False, 60.0, 30.0, 1.0,
+                         datetime.now(UTC), workflow_id=workflow_id)
+        a = ledger.claimed(row, clock())
+        ledger.started(a)
+        ledger.end(a, policy.RELEASE)
+    order = [a.row.workflow_id for a, _ in ledger.take_ended(10)]
+    assert order == [None, 4, 4, 9, 9]

@@ -53,7 +53,7 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
           extract(epoch FROM j.timeout)::float8 AS timeout,
           extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
           extract(epoch FROM j.backoff)::float8 AS backoff,
-          now() + j.timeout AS deadline,
+          now() + j.timeout AS deadline, j.workflow_id,
           CASE WHEN j.workflow_id IS NULL THEN NULL
                ELSE atlantis.step_context(j.id)::text END AS workflow
 

@@ -44,6 +44,8 @@ class ClaimedRow:
     workflow: str | None = None
     """A workflow step's context (``atlantis.step_context``) as JSON text, passed to the
     child untouched; None outside workflows."""
+    workflow_id: int | None = None
+    """The step's workflow; None outside workflows."""
 
 
 @dataclass(frozen=True, slots=True)

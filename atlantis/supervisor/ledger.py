@@ -168,8 +168,15 @@ class Ledger:
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:
-        """The next batch to write (the completer): at most ``most`` outcomes."""
+        """The next batch to write (the completer): at most ``most`` outcomes.
+
+        Steps of workflows come in the order of their workflows' ids: ending a step locks
+        its workflow (the trigger of migration 0017), and two batches that took the locks
+        of two workflows in opposite orders would deadlock (PostgreSQL would abort one, and
+        it would be written again a second later)."""
         self.writing, self.ended = self.ended[:most], self.ended[most:]
+        if any(a.row.workflow_id is not None for a, _ in self.writing):
+            self.writing.sort(key=lambda ended: ended[0].row.workflow_id or 0)
         return self.writing
 
     def written(self, *, again: bool = False) -> None:
