@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import select
 import signal
 import socket
@@ -403,9 +404,12 @@ def test_closing_every_descriptor_then_returning_ends_the_child(child: Child) ->
     assert (words == "the child lost its events pipe ([Errno 9] Bad file descriptor)"
             or words.startswith("the child lost its control pipe ("))
     # The cell keeps the latest words; a control pipe noticed gone after the attempt ended
-    # is said for no job (job=-).
-    assert (f"atlantis: job={job_id}: {words}; stopping the attempt" in child.stderr()
-            or f"atlantis: job=-: {words}; stopping the attempt" in child.stderr())
+    # is said for no job (job=-). When both threads speak, the one that wrote the cell last
+    # may be killed (SIGKILL) before its line reaches stderr: one of the two lines is there.
+    said = re.findall(r"atlantis: job=(\d+|-): (the child lost its (?:events|control) pipe "
+                      r"\([^)]*\)); stopping the attempt", child.stderr())
+    assert said and all(job in (str(job_id), "-") for job, _ in said)
+    assert words in {why for _, why in said} or len(said) < 2
 
 
 def test_closing_every_descriptor_then_sleeping_ends_the_child(child: Child) -> None:
