@@ -408,3 +408,33 @@ def test_a_step_that_cannot_start_fails_the_workflow(db: psycopg.Connection[Any]
     assert w[1].startswith("step import could not start: job wf.Import: field extra is required")
     run(db, rows(db, wid)["create", True]["id"])
     assert state(db, wid) == "failed"
+
+
+def test_a_cancel_during_the_compensations_is_recorded_and_they_go_on(
+        db: psycopg.Connection[Any]) -> None:
+    declare(db, CHAIN)
+    wid = start(db)
+    run(db, rows(db, wid)["create", False]["id"])
+    run(db, rows(db, wid)["import", False]["id"], "dead")
+    purge = rows(db, wid)["import", True]["id"]
+    claim(db, purge)
+    assert db.execute("SELECT atlantis.cancel_workflow(%s, 'dave')", (wid,)).fetchone() == (
+        "compensating",)
+    # The compensation running is not cancelled, and the next one still starts.
+    assert rows(db, wid)["import", True]["cancel_requested_at"] is None
+    finish(db, purge)
+    run(db, rows(db, wid)["create", True]["id"])
+    w = db.execute("SELECT state, cause, cancelled_by, cancel_requested_at IS NOT NULL"
+                   " FROM atlantis.workflows WHERE id = %s", (wid,)).fetchone()
+    assert w == ("failed", "failed", "dave", True)
+
+
+def test_a_steps_job_unique_key_does_not_apply_inside_a_workflow(
+        db: psycopg.Connection[Any]) -> None:
+    declare(db, CHAIN)
+    db.execute("UPDATE atlantis.job_types SET unique_fields = '{account_id}'"
+               " WHERE job = 'wf.Create'")
+    one, two = start(db), start(db)
+    assert one != two
+    assert rows(db, one)["create", False]["unique_key"] is None
+    assert rows(db, two)["create", False]["state"] == "available"
