@@ -17,6 +17,7 @@ import logging
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +298,15 @@ def _tide(db_url: str, *args: str) -> str:
                           timeout=60).stdout
 
 
+def _warned(db_url: str, job_id: int) -> str | None:
+    out = _tide(db_url, "job", "logs", str(job_id))
+    return out if WARNING in out else None
+
+
+def _in_state(db: psycopg.Connection[Any], wid: int, state: str) -> bool:
+    return _workflow_state(db, wid) == state
+
+
 def _enqueue(db: psycopg.Connection[Any], mode: str) -> int:
     return atlantis.enqueue(db, "results.Return", {"key": mode, "mode": mode})
 
@@ -318,19 +328,17 @@ def test_a_returned_dict_is_the_jobs_result_in_tide(app_db: psycopg.Connection[A
     assert "\n  result " not in _tide(db_url, "job", "status", str(ids["none"]))
 
 
-@pytest.mark.parametrize(("mode", "why"), [("object", NOT_JSON), ("huge", TOO_LARGE)],
-                         ids=["object", "huge"])
 def test_outside_a_workflow_a_bad_result_completes_null_with_a_warning_in_the_log(
-        app_db: psycopg.Connection[Any], db_url: str, supervise: Any, mode: str,
-        why: str) -> None:
-    _start(supervise)
-    job_id = _enqueue(app_db, mode)
-    row = wait_state(app_db, job_id, "complete")
-    assert row["result"] is None and row["attempt"] == 1 and row["error_count"] == 0
-    logs = wait_for(lambda: (out := _tide(db_url, "job", "logs", str(job_id))) and
-                    WARNING in out and out, message="the warning in the attempt's log")
-    lines = [line.split(" ", 3)[2:] for line in logs.splitlines()]
-    assert ["stderr", WARNING + why] in lines, lines
+        app_db: psycopg.Connection[Any], db_url: str, supervise: Any) -> None:
+    _start(supervise)  # one supervisor for every case
+    cases = {_enqueue(app_db, mode): why for mode, why in (("object", NOT_JSON),
+                                                          ("huge", TOO_LARGE))}
+    for job_id, why in cases.items():
+        row = wait_state(app_db, job_id, "complete")
+        assert row["result"] is None and row["attempt"] == 1 and row["error_count"] == 0
+        logs = wait_for(partial(_warned, db_url, job_id), message="the warning in the log")
+        lines = [line.split(" ", 3)[2:] for line in logs.splitlines()]
+        assert ["stderr", WARNING + why] in lines, lines
 
 
 def test_a_long_result_is_cut_in_the_human_view_and_whole_in_json(
@@ -448,21 +456,22 @@ def test_a_compensation_sees_what_it_undoes_under_its_own_key(
     assert seen["compensating"][0] == "fail" and "fails on purpose" in seen["compensating"][1]
 
 
-@pytest.mark.parametrize(("mode", "why"), [
-    ("huge", "the step's return value cannot be stored as its result: " + TOO_LARGE),
-    ("object", "the step's return value cannot be stored as its result: " + NOT_JSON),
-    ("forge-invalid", "the result the child sent cannot be stored: it is not valid JSON ("),
-], ids=["huge", "object", "forge-invalid"])
 def test_a_step_whose_result_cannot_be_stored_ends_dead_unretried(
-        app_db: psycopg.Connection[Any], supervise: Any, mode: str, why: str) -> None:
-    sup = _start(supervise)
-    wid = _start_flow(app_db, "results.One", mode)
-    wait_for(lambda: _workflow_state(app_db, wid) == "failed", message="the workflow failed")
-    row = _step_rows(app_db, wid)["only"]
-    assert (row["state"], row["attempt"], row["max_attempts"]) == ("dead", 1, 3)
-    assert row["result"] is None and row["error_count"] == 1
-    assert row["errors"][-1]["kind"] == "result" and row["last_error"].startswith(why)
-    assert row["last_error"].endswith("; the step is not retried (its effect already happened)")
+        app_db: psycopg.Connection[Any], supervise: Any) -> None:
+    sup = _start(supervise)  # one supervisor for every case
+    cases = {_start_flow(app_db, "results.One", mode): why for mode, why in (
+        ("huge", "the step's return value cannot be stored as its result: " + TOO_LARGE),
+        ("object", "the step's return value cannot be stored as its result: " + NOT_JSON),
+        ("forge-invalid", "the result the child sent cannot be stored: it is not valid JSON ("),
+    )}
+    for wid, why in cases.items():
+        wait_for(partial(_in_state, app_db, wid, "failed"), message="the workflow failed")
+        row = _step_rows(app_db, wid)["only"]
+        assert (row["state"], row["attempt"], row["max_attempts"]) == ("dead", 1, 3)
+        assert row["result"] is None and row["error_count"] == 1
+        assert row["errors"][-1]["kind"] == "result" and row["last_error"].startswith(why)
+        assert row["last_error"].endswith(
+            "; the step is not retried (its effect already happened)")
     assert "refused" not in sup.log() and sup.proc.poll() is None
 
 

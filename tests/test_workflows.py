@@ -145,12 +145,15 @@ def test_two_dependencies_finishing_at_once_on_two_supervisors_start_their_depen
     # One slot each: the two branches, which wait for each other, run on both supervisors
     # and return at the same moment.
     one, two = supervisor(supervise, 1), supervisor(supervise, 1)
-    ids = [start(db, "Diamond", key=f"k{i}", meet=["left", "right"]) for i in range(3)]
-    for wid in ids:
+    ids = []
+    for i in range(3):  # one at a time: two waiting branches of two workflows would hold both slots
+        wid = start(db, "Diamond", key=f"k{i}", meet=["left", "right"])
+        ids.append(wid)
         assert wait_workflow(db, wid, "complete", "failed", "compensation_failed") == "complete"
         assert db.execute("SELECT count(*) FROM atlantis.jobs WHERE workflow_id = %s"
                           " AND step = 'join'", (wid,)).fetchone() == (1,)
         assert count(timeline(db, wid), f"{wid}:join", "started") == 1
+        assert count(timeline(db, wid), f"{wid}:left", "started") == 1  # no timeout, no retry
     workers = {r[0] for r in db.execute(
         "SELECT DISTINCT worker FROM atlantis.attempts a JOIN atlantis.jobs j ON j.id = a.job_id"
         " WHERE j.step IN ('left', 'right')").fetchall()}
