@@ -42,27 +42,32 @@ def translate(exc: psycopg.Error) -> BaseException:
     return exc
 
 
-def _job_id(job_id: object) -> object:
-    """`job_id`, refused with a ValidationError naming it when no job can have it.
+def row_id(value: object, name: str = "job_id") -> object:
+    """``value`` (a job's or a workflow's id), refused with a ValidationError naming
+    ``name`` when no row can have it.
 
-    A job id is a ``bigint``: PostgreSQL would find no function taking anything else, and
-    say so in terms of the schema. An id in range that no job has is JobNotFoundError's.
+    An id is a ``bigint``: PostgreSQL would find no function taking anything else, and
+    say so in terms of the schema. An id in range that no row has is the function's to
+    refuse (JobNotFoundError, WorkflowNotFoundError).
     """
-    problem = int_problem(job_id, "bigint")
+    problem = int_problem(value, "bigint")
     if problem is not None:
-        raise ValidationError(f"job_id: {problem}")
-    return job_id
+        raise ValidationError(f"{name}: {problem}")
+    return value
 
 
-def _call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
-    row = caller.fetch_one(conn, query, params, translate=translate)
+def call(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any], *,
+         errors: caller.Translate = translate) -> Any:
+    """The one value ``query`` returns, run as :mod:`atlantis.store.caller` runs it."""
+    row = caller.fetch_one(conn, query, params, translate=errors)
     assert row is not None
     return row[0]
 
 
-async def _call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
-                      params: dict[str, Any]) -> Any:
-    row = await caller.fetch_one_async(conn, query, params, translate=translate)
+async def call_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
+                     params: dict[str, Any], *, errors: caller.Translate = translate) -> Any:
+    """The twin of :func:`call` for psycopg's ``AsyncConnection``."""
+    row = await caller.fetch_one_async(conn, query, params, translate=errors)
     assert row is not None
     return row[0]
 
@@ -78,7 +83,7 @@ def cancel(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None)
     Raises :class:`~atlantis.JobNotFoundError` for an unknown id, and
     :class:`~atlantis.ValidationError` for one no job can have (not a ``bigint``).
     """
-    state: str | None = _call(conn, Q.job_cancel, {"id": _job_id(job_id), "by": by})
+    state: str | None = call(conn, Q.job_cancel, {"id": row_id(job_id), "by": by})
     return state
 
 
@@ -92,21 +97,21 @@ def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) 
     can have, as :func:`cancel`). A step's row is refused with
     :class:`~atlantis.WorkflowStateError` naming ``tide workflow retry``.
     """
-    found: int | None = _call(conn, Q.job_retry, {"id": _job_id(job_id), "by": by})
+    found: int | None = call(conn, Q.job_retry, {"id": row_id(job_id), "by": by})
     return found
 
 
 async def cancel_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
                        by: str | None = None) -> str | None:
     """The twin of :func:`cancel` for psycopg's ``AsyncConnection``."""
-    state: str | None = await _call_async(conn, Q.job_cancel, {"id": _job_id(job_id), "by": by})
+    state: str | None = await call_async(conn, Q.job_cancel, {"id": row_id(job_id), "by": by})
     return state
 
 
 async def retry_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
                       by: str | None = None) -> int | None:
     """The twin of :func:`retry` for psycopg's ``AsyncConnection``."""
-    found: int | None = await _call_async(conn, Q.job_retry, {"id": _job_id(job_id), "by": by})
+    found: int | None = await call_async(conn, Q.job_retry, {"id": row_id(job_id), "by": by})
     return found
 
 
@@ -117,11 +122,11 @@ def pause(conn: psycopg.Connection[Any], queue: str, *, reason: str | None = Non
     Returns whether the queue was being served until now (False: it was paused already;
     the reason and who are updated).
     """
-    changed: bool = _call(conn, Q.operator_pause, {"queue": queue, "reason": reason, "by": by})
+    changed: bool = call(conn, Q.operator_pause, {"queue": queue, "reason": reason, "by": by})
     return changed
 
 
 def resume(conn: psycopg.Connection[Any], queue: str, *, by: str | None = None) -> bool:
     """Let supervisors claim from ``queue`` again. Returns whether it was paused."""
-    changed: bool = _call(conn, Q.operator_resume, {"queue": queue, "by": by})
+    changed: bool = call(conn, Q.operator_resume, {"queue": queue, "by": by})
     return changed

@@ -21,14 +21,8 @@ import psycopg
 from atlantis import operations
 from atlantis.enqueue import args_json
 from atlantis.enqueue import translate as enqueue_translate
-from atlantis.errors import ValidationError, WorkflowNotFoundError
-from atlantis.store import caller
+from atlantis.errors import WorkflowNotFoundError
 from atlantis.store.queries import Q
-from atlantis.store.workflows import WORKFLOW_FINISHED, WORKFLOW_STATES
-from atlantis.units import int_problem
-
-#: The states of a workflow, and those it never leaves by itself: one home, the store's.
-STATES, FINISHED = WORKFLOW_STATES, WORKFLOW_FINISHED
 
 
 def _translate(exc: psycopg.Error) -> BaseException:
@@ -38,28 +32,17 @@ def _translate(exc: psycopg.Error) -> BaseException:
     return operations.translate(exc) if translated is exc else translated
 
 
-def _workflow_id(workflow_id: object) -> object:
-    problem = int_problem(workflow_id, "bigint")
-    if problem is not None:
-        raise ValidationError(f"workflow_id: {problem}")
-    return workflow_id
-
-
 def _start_params(name: str, args: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"name": name, "args": args_json(name, args or {})}
 
 
 def _one(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:
-    row = caller.fetch_one(conn, query, params, translate=_translate)
-    assert row is not None
-    return row[0]
+    return operations.call(conn, query, params, errors=_translate)
 
 
 async def _one_async(conn: psycopg.AsyncConnection[Any], query: LiteralString,
                      params: dict[str, Any]) -> Any:
-    row = await caller.fetch_one_async(conn, query, params, translate=_translate)
-    assert row is not None
-    return row[0]
+    return await operations.call_async(conn, query, params, errors=_translate)
 
 
 def start_workflow(conn: psycopg.Connection[Any], name: str,
@@ -94,7 +77,7 @@ def cancel_workflow(conn: psycopg.Connection[Any], workflow_id: int, *,
     the cancel is recorded and the compensations go on; a finished workflow is left as it
     is. Raises :class:`~atlantis.WorkflowNotFoundError` for an unknown id.
     """
-    state: str = _one(conn, Q.workflow_cancel, {"id": _workflow_id(workflow_id), "by": by})
+    state: str = _one(conn, Q.workflow_cancel, {"id": operations.row_id(workflow_id, "workflow_id"), "by": by})
     return state
 
 
@@ -102,7 +85,7 @@ async def cancel_workflow_async(conn: psycopg.AsyncConnection[Any], workflow_id:
                                 by: str | None = None) -> str:
     """The twin of :func:`cancel_workflow` for psycopg's ``AsyncConnection``."""
     state: str = await _one_async(conn, Q.workflow_cancel,
-                                  {"id": _workflow_id(workflow_id), "by": by})
+                                  {"id": operations.row_id(workflow_id, "workflow_id"), "by": by})
     return state
 
 
@@ -113,5 +96,5 @@ def retry_workflow(conn: psycopg.Connection[Any], workflow_id: int, *,
     (``compensating``). Any other state is refused with
     :class:`~atlantis.WorkflowStateError`.
     """
-    state: str = _one(conn, Q.workflow_retry, {"id": _workflow_id(workflow_id), "by": by})
+    state: str = _one(conn, Q.workflow_retry, {"id": operations.row_id(workflow_id, "workflow_id"), "by": by})
     return state

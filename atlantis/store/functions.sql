@@ -1425,15 +1425,7 @@ BEGIN
     IF w.state <> 'running' THEN
         IF NEW.state = 'available' AND NOT NEW.compensation
            AND w.state IN ('compensating', 'failed', 'cancelled', 'compensation_failed') THEN
-            msg := atlantis.cancel_message(coalesce(w.cancelled_by, format('workflow %s', w.id)));
-            UPDATE atlantis.jobs j
-               SET state = 'cancelled', finished_at = now(),
-                   cancelled_by = coalesce(w.cancelled_by, format('workflow %s', w.id)),
-                   last_error = msg, error_count = j.error_count + 1,
-                   errors = atlantis.errors_append(j.errors, jsonb_build_object(
-                       'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-                       'message', msg, 'at', now()))
-             WHERE j.id = NEW.id AND j.state = 'available';
+            PERFORM atlantis.workflow_halt(w.id);  -- this row among them (ours: never skipped)
         END IF;
         PERFORM atlantis.workflow_settle(w.id);
         RETURN NULL;

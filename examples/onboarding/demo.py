@@ -40,7 +40,7 @@ from psycopg import sql
 
 import atlantis
 from atlantis.store.database import ENV_URL, announce, resolve_url
-from atlantis.workflows import FINISHED
+from atlantis.store.workflows import WORKFLOW_FINISHED
 from examples.contacts.crm import FakeCRM
 from examples.contacts.demo import DemoError, _show_log_tail, bar, run_tide, say, step, supervisor
 from examples.onboarding.app import WORKFLOW, ensure_schema, registry
@@ -209,7 +209,7 @@ def watch(conn: psycopg.Connection[Any], workflow_id: int, sup: Any, deadline: f
             show.workflow(view, now - started)
         show.rows(view, True, now, now - started)
         show.workflow(view, now - started)
-        if view.state in FINISHED:
+        if view.state in WORKFLOW_FINISHED:
             return view
         if sup.poll() is not None:
             raise DemoError(f"atlantis-supervise exited early with status {sup.returncode}")
