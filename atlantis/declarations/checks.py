@@ -2,8 +2,8 @@
 
 The syntax walk (``parser.py``) hands over raw blocks that keep their tokens; this module
 refuses what the grammar let through (unknown types, repeated jobs, fields and modifiers,
-field names Python cannot take as attributes, a schedule whose fields have no defaults)
-and builds the JobDecls. The values themselves (numbers, durations, strings, defaults)
+field names Python cannot take as attributes, a schedule whose fields have no defaults,
+limits by fields the job lacks or cannot key by) and builds the JobDecls. The values themselves (numbers, durations, strings, defaults)
 are read by ``literals.py``. Each refusal names the token at fault as
 ``file:line:column: what is wrong``.
 """
@@ -25,8 +25,10 @@ from atlantis.declarations.model import (
     DEFAULT_QUEUE,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
+    LIMIT_KINDS,
     Field,
     JobDecl,
+    Limit,
 )
 from atlantis.declarations.raw import (
     RawField,
@@ -94,9 +96,13 @@ class Checker:
         values: dict[str, Any] = {}
         unique_tokens: tuple[lark.Token, ...] = ()
         raw_fields: tuple[RawField, ...] = ()
+        raw_limits: list[RawStatement] = []
         for statement in job.statements:
             modifier = statement.modifier
             head = statement.head
+            if modifier in LIMIT_KINDS:  # a job may declare several
+                raw_limits.append(statement)
+                continue
             if modifier in seen:
                 self.fail(head, f"duplicate modifier '{modifier}' {self.first_at(seen[modifier])}")
             seen[modifier] = head
@@ -118,6 +124,7 @@ class Checker:
                       "the schedule runs in)")
         if "schedule" in seen:
             self.scheduled_fields(raw_fields, values.get("fields", ()))
+        limits = self.limits(raw_limits, {f.name: f for f in values.get("fields", ())})
         return JobDecl(
             name=str(job.name),
             namespace=str(job.namespace),
@@ -133,6 +140,7 @@ class Checker:
             schedule=values.get("schedule"),
             tz=values.get("tz"),
             source=f"{self.filename}:{job.keyword.line}",
+            limits=limits,
         )
 
     def modifier(self, modifier: str, value: lark.Token) -> Any:
@@ -168,6 +176,49 @@ class Checker:
             if f.not_null and not f.has_default:
                 self.fail(token, f"field '{token}' needs a default or must allow null: the job "
                           "has a schedule, which enqueues it with the defaults")
+
+    def limits(self, raw: list[RawStatement], fields: dict[str, Field]) -> tuple[Limit, ...]:
+        """The limits of a job, in the order written: one per kind and set of `by` fields,
+        since the two would count in one key."""
+        limits: list[Limit] = []
+        seen: dict[tuple[str, frozenset[str]], lark.Token] = {}
+        for statement in raw:
+            limit = self.limit(statement, fields)
+            first = seen.setdefault((limit.kind, frozenset(limit.by)), statement.head)
+            if first is not statement.head:
+                by = f"by {', '.join(limit.by)}" if limit.by else "without by"
+                self.fail(statement.head, f"duplicate {limit.kind} limit {by} "
+                          f"{self.first_at(first)}: a job may declare one {limit.kind} limit "
+                          "per set of by fields")
+            limits.append(limit)
+        return tuple(limits)
+
+    def limit(self, statement: RawStatement, fields: dict[str, Field]) -> Limit:
+        """``concurrency N [by ...]`` or ``rate N/PERIOD [by ...]``."""
+        kind = statement.modifier
+        assert statement.value is not None
+        n = self.literals.whole_number(statement.value, kind, 1, _INT32_MAX)
+        period: float | None = None
+        if statement.period is not None:
+            token = statement.period
+            period = self.literals.duration(token, "rate period", positive=False)
+            if period < 1:
+                self.fail(token, f"rate period must be at least 1s, not {self.written(token)}")
+        seen: set[str] = set()
+        for token in statement.names:
+            name = str(token)
+            if name in seen:
+                self.fail(token, f"field '{token}' is listed twice in {kind} by")
+            seen.add(name)
+            f = fields.get(name)
+            if f is None:
+                self.fail(token, f"{kind} by field '{token}' is not declared in args")
+            if f.array or f.type == "jsonb":
+                self.fail(token, f"{kind} by field '{token}' is {f.type_name}; array and jsonb "
+                          "fields cannot key a limit")
+        line, column = position(statement.head)
+        return Limit(kind, n, period, tuple(str(t) for t in statement.names),
+                     source=f"{self.filename}:{line}:{column}")
 
     def unique(self, statement: RawStatement) -> tuple[lark.Token, ...]:
         seen: set[str] = set()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlantis.units import format_duration
+
 #: Argument types a declaration may use; any of them may be made an array with ``[]``.
 BASE_TYPES = frozenset(
     {"text", "varchar", "int", "bigint", "boolean", "double", "numeric", "uuid",
@@ -21,6 +23,9 @@ DEFAULT_HEARTBEAT = 300.0
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 0
 DEFAULT_BACKOFF = 10.0
+
+#: The kinds of limit a job may declare, in the order messages list them.
+LIMIT_KINDS = ("concurrency", "rate")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,44 @@ class Field:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """``concurrency N [by FIELD, ...]`` or ``rate N/PERIOD [by FIELD, ...]`` of a job."""
+
+    kind: str  # one of LIMIT_KINDS
+    n: int  # at most n running at once (concurrency), or started per period (rate)
+    period: float | None = None  # seconds, rate only
+    by: tuple[str, ...] = ()  # fields whose values make the key, in the order written
+    source: str = field(default="", compare=False)  # "file:line:column" of its keyword
+
+    @property
+    def label(self) -> str:
+        """As an operator reads it: ``concurrency 1 by account_id``, ``rate 100/1m``."""
+        text = f"{self.kind} {self.n}"
+        if self.period is not None:
+            text += f"/{period_text(self.period)}"
+        if self.by:
+            text += f" by {', '.join(self.by)}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """An element of ``atlantis.job_types.limits``."""
+        doc: dict[str, Any] = {"kind": self.kind, "n": self.n}
+        if self.period is not None:
+            doc["period"] = float(self.period)
+        doc["by"] = list(self.by)
+        return doc
+
+
+def period_text(seconds: float) -> str:
+    """A rate's period in its largest whole unit: 60 -> ``1m``, 90 -> ``90s``, 86400 -> ``1d``."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)):
+        count = seconds / size
+        if count >= 1 and count == int(count):
+            return f"{int(count)}{unit}"
+    return format_duration(seconds)  # a fraction of a second: 1.5s -> 1s500ms
+
+
+@dataclass(frozen=True)
 class JobDecl:
     """One ``job Name in namespace { ... }`` block."""
 
@@ -72,6 +115,7 @@ class JobDecl:
     schedule: str | None = None  # cron expression: enqueued once per slot, args from defaults
     tz: str | None = None  # IANA time zone the schedule runs in; None: UTC
     source: str = field(default="", compare=False)  # "file:line"
+    limits: tuple[Limit, ...] = ()  # in declaration order
 
     @property
     def qualified_name(self) -> str:
@@ -97,6 +141,7 @@ class JobDecl:
             "schedule": self.schedule,
             "tz": self.tz,
             "source": self.source,
+            "limits": [limit.to_json() for limit in self.limits],
         }
 
 

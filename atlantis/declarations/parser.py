@@ -49,7 +49,7 @@ __all__ = [
 
 #: The statements a job block may hold, in the order error messages list them.
 MODIFIERS = ("args", "retries", "timeout", "heartbeat", "queue", "priority", "unique", "backoff",
-             "stall", "schedule", "tz")
+             "stall", "schedule", "tz", "concurrency", "rate")
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -156,6 +156,11 @@ def _syntax_error(exc: UnexpectedInput, text: str, filename: str) -> Declaration
     if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
         token = exc.token
         expected = _expected(exc)
+        stray = _modifier_read_as_by_field(exc)
+        if stray is not None:
+            what = (f"'{stray}' reads as one more by field here (a comma after a by field "
+                    f"continues the list of fields); put '{stray}' on a line of its own")
+            return error(filename, *position(stray), what)
         if token in _BLOCKS and open_bracket is not None:
             what = f"unexpected '{token}': {_describe_open(open_bracket)}"
         elif _MODIFIER_TERMINALS.issubset(expected) and _WORD.fullmatch(token):
@@ -189,6 +194,24 @@ def _expected(exc: UnexpectedInput) -> set[str]:
         except UnexpectedInput:
             pass
     return set(getattr(exc, "expected", None) or ())
+
+
+def _modifier_read_as_by_field(exc: UnexpectedInput) -> lark.Token | None:
+    """The modifier keyword the parser took as one more `by` field, as in
+    ``concurrency 1 by account_id, rate 10/1s``, or None."""
+    parser = getattr(exc, "interactive_parser", None)
+    if parser is None:
+        return None
+    stack = parser.parser_state.value_stack
+    last = stack[-1] if stack else None
+    if not isinstance(last, lark.Token) or last.type != "NAME" or last not in MODIFIERS:
+        return None
+    for value in reversed(stack[:-1]):
+        if isinstance(value, lark.Token) and value.type == "BY":
+            return last
+        if not isinstance(value, lark.Token) or value.type not in ("NAME", "COMMA"):
+            return None
+    return None
 
 
 def _innermost_open_bracket(exc: UnexpectedInput) -> lark.Token | None:
@@ -292,6 +315,11 @@ def _statement(tree: Tree) -> RawStatement:
                 compensate = tokens(part)[1]
         step = RawStep(words[1], words[2], after, compensate)
         return RawStatement(modifier, words[0], value=words[1], step=step)
+    if modifier in ("concurrency", "rate"):
+        by = [tokens(part)[1:] for part in subtrees(tree)]
+        period = words[2] if modifier == "rate" else None
+        return RawStatement(modifier, words[0], value=words[1],
+                            names=tuple(by[0]) if by else (), period=period)
     return RawStatement(modifier, words[0], value=words[1])
 
 

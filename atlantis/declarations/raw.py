@@ -58,10 +58,12 @@ class RawStatement:
 
     modifier: str  # args, retries, timeout, heartbeat, queue, priority, unique, step, ...
     head: lark.Token  # the keyword
-    value: lark.Token | None = None  # the single value of retries, timeout, queue, ...
+    value: lark.Token | None = None  # the single value of retries, timeout, queue, ...; N of
+    # concurrency and rate
     fields: tuple[RawField, ...] = ()  # args
-    names: tuple[lark.Token, ...] = ()  # unique
+    names: tuple[lark.Token, ...] = ()  # unique; the `by` fields of concurrency and rate
     step: RawStep | None = None  # step
+    period: lark.Token | None = None  # rate: the DURATION after `/`
 
 
 @dataclass(frozen=True)

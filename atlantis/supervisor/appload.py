@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from atlantis.declarations.model import Field, JobDecl, StepDecl, WorkflowDecl
+from atlantis.declarations.model import Field, JobDecl, Limit, StepDecl, WorkflowDecl
 
 LOAD_TIMEOUT = 60.0
 """The longest an import of the app may take during a reload."""
@@ -50,6 +50,8 @@ def decl_from_dict(raw: dict[str, Any]) -> JobDecl:
     values = dict(raw)
     values["fields"] = tuple(Field(**f) for f in raw["fields"])
     values["unique"] = tuple(raw["unique"])
+    values["limits"] = tuple(Limit(**{**lim, "by": tuple(lim["by"])})
+                             for lim in raw.get("limits", ()))
     return JobDecl(**values)
 
 
