@@ -10,9 +10,8 @@ import re
 import orjson
 import pytest
 
-from atlantis.declarations import Field, JobDecl, parse_atl, read_atl
+from atlantis.declarations import Field, JobDecl, Limit, parse_atl, read_atl
 from atlantis.declarations.codegen import generate_module
-from atlantis.declarations.model import Limit
 from atlantis.errors import DeclarationError
 from atlantis.supervisor.appload import decl_from_dict, decl_to_dict
 
