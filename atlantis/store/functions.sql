@@ -510,6 +510,10 @@ DECLARE
     i int := 0;
     key text;
     new_id bigint;
+    -- Rows of a limited job, or on a limited queue, are marked (jobs.limit_group).
+    limited boolean := jsonb_array_length(decl.limits) > 0 OR EXISTS (
+        SELECT 1 FROM atlantis.queues q
+         WHERE q.name = coalesce(enqueue_many.queue, decl.queue) AND q.concurrency IS NOT NULL);
 BEGIN
     IF delay < interval '0' THEN
         RAISE EXCEPTION 'job %: delay must be 0 or more, not %', decl.job, delay
@@ -526,10 +530,11 @@ BEGIN
               FROM unnest(args_list, checked) WITH ORDINALITY AS u(x, c, ord)
         ), ins AS (
             INSERT INTO atlantis.jobs (id, job, queue, args, max_attempts, priority, run_at,
-                                       timeout, heartbeat, backoff)
+                                       timeout, heartbeat, backoff, limit_group)
             SELECT input.id, decl.job, coalesce(enqueue_many.queue, decl.queue), input.args,
                    decl.max_attempts, coalesce(enqueue_many.priority, decl.priority), start_at,
-                   decl.timeout, decl.heartbeat, decl.backoff
+                   decl.timeout, decl.heartbeat, decl.backoff,
+                   CASE WHEN limited THEN atlantis.limit_group(decl, input.args, true) END
               FROM input
         )
         -- A data-modifying CTE always runs; `input` is computed once for both uses.
@@ -543,10 +548,11 @@ BEGIN
         key := atlantis.unique_key(decl, a);
         LOOP
             INSERT INTO atlantis.jobs (job, queue, args, max_attempts, priority, run_at,
-                                       timeout, heartbeat, backoff, unique_key)
+                                       timeout, heartbeat, backoff, unique_key, limit_group)
             VALUES (decl.job, coalesce(enqueue_many.queue, decl.queue), a, decl.max_attempts,
                     coalesce(enqueue_many.priority, decl.priority), start_at, decl.timeout,
-                    decl.heartbeat, decl.backoff, key)
+                    decl.heartbeat, decl.backoff, key,
+                    CASE WHEN limited THEN atlantis.limit_group(decl, a, true) END)
             ON CONFLICT (job, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('available', 'running')
                 DO NOTHING
@@ -1147,11 +1153,15 @@ DECLARE
     job_name text := CASE WHEN undo THEN s.compensate ELSE s.job END;
     decl atlantis.job_types := atlantis.job_type(job_name);
     new_id bigint;
+    step_args jsonb := atlantis.step_args(job_name, w.args);
 BEGIN
     INSERT INTO atlantis.jobs (job, queue, args, max_attempts, priority, timeout, heartbeat,
-                               backoff, workflow_id, step, compensation)
-    VALUES (decl.job, decl.queue, atlantis.step_args(job_name, w.args), decl.max_attempts,
-            decl.priority, decl.timeout, decl.heartbeat, decl.backoff, w.id, s.step, undo)
+                               backoff, workflow_id, step, compensation, limit_group)
+    VALUES (decl.job, decl.queue, step_args, decl.max_attempts,
+            decl.priority, decl.timeout, decl.heartbeat, decl.backoff, w.id, s.step, undo,
+            atlantis.limit_group(decl, step_args, EXISTS (
+                SELECT 1 FROM atlantis.queues q
+                 WHERE q.name = decl.queue AND q.concurrency IS NOT NULL)))
     RETURNING id INTO new_id;
     IF undo THEN
         UPDATE atlantis.workflow_steps ws SET comp_job_id = new_id
@@ -1661,5 +1671,442 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     RETURN deleted;
+END
+$$;
+
+
+-- ---- Limits (migration 0018) ------------------------------------------------------------
+-- A row of a limited job turns `running` only through the trigger jobs_limit_claim
+-- (atlantis.limit_claim). Each limit that applies to the row has a key; under a
+-- transaction-scoped advisory lock per key, taken in key order and never waited for, the
+-- trigger counts what the key holds in a snapshot taken after the lock: running rows for a
+-- concurrency limit (so a slot is free the moment its row leaves `running`, by any path, in
+-- that transaction), open windows of atlantis.limit_starts for a rate. A full limit leaves
+-- the row `available`, untouched: the claim statement does not return it.
+
+-- The canonical values of `by` fields of `args` (as unique keys take them), a JSON array.
+CREATE OR REPLACE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[])
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(atlantis.canonical_value(
+                                  d->>'type', coalesce((d->>'array')::boolean, false),
+                                  args->(d->>'name'))
+                              ORDER BY array_position(by, d->>'name')), '[]'::jsonb)
+      FROM jsonb_array_elements(decl.fields) AS d
+     WHERE d->>'name' = ANY (by)
+$$;
+
+-- A row's group (jobs.limit_group): NULL when no limit applies, else the values of every
+-- `by` field its job's limits name, in order ('' when they name none).
+CREATE OR REPLACE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb,
+                                                queue_limited boolean) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    fields text[];
+BEGIN
+    IF decl.job IS NULL OR jsonb_array_length(decl.limits) = 0 THEN
+        RETURN CASE WHEN queue_limited THEN '' END;
+    END IF;
+    SELECT array_agg(f ORDER BY first) INTO fields FROM (
+        SELECT b.f, min(l.i * 1000 + b.j) AS first
+          FROM jsonb_array_elements(decl.limits) WITH ORDINALITY AS l(x, i)
+         CROSS JOIN LATERAL jsonb_array_elements_text(l.x->'by') WITH ORDINALITY AS b(f, j)
+         GROUP BY b.f) s;
+    IF fields IS NULL THEN
+        RETURN '';
+    END IF;
+    RETURN atlantis.limit_value(decl, args, fields)::text;
+END
+$$;
+
+-- A period as .atl writes it, in the largest unit that divides it exactly (as
+-- atlantis.declarations.model.period_text): 1m, 5s, 1h, 1d, 90s, 1s500ms.
+CREATE OR REPLACE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN ms % 86400000 = 0 THEN (ms / 86400000) || 'd'
+                WHEN ms % 3600000 = 0 THEN (ms / 3600000) || 'h'
+                WHEN ms % 60000 = 0 THEN (ms / 60000) || 'm'
+                WHEN ms % 1000 = 0 THEN (ms / 1000) || 's'
+                WHEN ms > 1000 THEN (ms / 1000) || 's' || (ms % 1000) || 'ms'
+                ELSE ms || 'ms' END
+      FROM (SELECT round(extract(epoch FROM period) * 1000)::bigint AS ms) p
+$$;
+
+-- The limits that apply to a row of `decl` on queue `q` with `args` now, one row each:
+-- its key (what the advisory lock and atlantis.limit_starts are keyed on), kind, N, period
+-- (rate), `by` fields and their values, scope (`group`: one of the row's by-values;
+-- `job`: all of its job; `queue`: all of its queue) and the label operators read.
+CREATE OR REPLACE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
+RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
+               label text)
+LANGUAGE sql STABLE AS $$
+    SELECT decl.job || ' ' || (l.x->>'kind')
+               || CASE WHEN b.fields = '{}' THEN ''
+                       ELSE ' by ' || (SELECT string_agg(f || '=' || (v.val->(i::int - 1))::text,
+                                                         ', ' ORDER BY i)
+                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END,
+           l.x->>'kind', (l.x->>'n')::int,
+           CASE WHEN l.x->>'kind' = 'rate'
+                THEN make_interval(secs => (l.x->>'period')::double precision) END,
+           b.fields, v.val,
+           CASE WHEN b.fields = '{}' THEN 'job' ELSE 'group' END,
+           (l.x->>'kind') || ' ' || (l.x->>'n')
+               || CASE WHEN l.x->>'kind' = 'rate' THEN '/' || atlantis.limit_period_text(
+                      make_interval(secs => (l.x->>'period')::double precision)) ELSE '' END
+               || CASE WHEN b.fields = '{}' THEN ''
+                       ELSE ' by ' || (SELECT string_agg(f || '=' || CASE
+                                                  WHEN jsonb_typeof(v.val->(i::int - 1)) = 'string'
+                                                  THEN v.val->>(i::int - 1)
+                                                  ELSE (v.val->(i::int - 1))::text END,
+                                                  ', ' ORDER BY i)
+                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END
+      FROM jsonb_array_elements(coalesce(decl.limits, '[]')) AS l(x)
+     CROSS JOIN LATERAL (SELECT coalesce(array_agg(f), '{}') AS fields
+                           FROM jsonb_array_elements_text(l.x->'by') AS f) b
+     CROSS JOIN LATERAL (SELECT atlantis.limit_value(decl, args, b.fields) AS val) v
+     WHERE decl.job IS NOT NULL
+    UNION ALL
+    SELECT 'queue ' || qq.name, 'concurrency', qq.concurrency, NULL::interval, '{}'::text[],
+           '[]'::jsonb, 'queue', 'queue ' || qq.name || ' concurrency ' || qq.concurrency
+      FROM atlantis.queues qq
+     WHERE qq.name = q AND qq.concurrency IS NOT NULL
+$$;
+
+-- The running rows a concurrency limit counts: of the queue (scope `queue`), or of the
+-- job with the same values of `by` (none: all of the job's).
+CREATE OR REPLACE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text,
+                                                  by text[], val jsonb) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT r.id FROM atlantis.jobs r
+     WHERE scope = 'queue' AND r.state = 'running' AND r.queue = q
+    UNION ALL
+    SELECT r.id FROM atlantis.jobs r
+     WHERE scope <> 'queue' AND r.state = 'running' AND r.limit_group IS NOT NULL
+       AND r.job = decl.job
+       AND (cardinality(by) = 0 OR atlantis.limit_value(decl, r.args, by) = val)
+$$;
+
+-- A claim of a limited row was refused: tell atlantis.claim_limited what to skip for the
+-- rest of its statement, and when trying again makes sense (`wake`; the earliest wins).
+CREATE OR REPLACE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    was text := nullif(current_setting('atlantis.limit_wake', true), '');
+BEGIN
+    PERFORM set_config('atlantis.limit_refused', scope, true);
+    IF wake IS NOT NULL AND (was IS NULL OR wake < was::timestamptz) THEN
+        PERFORM set_config('atlantis.limit_wake', wake::text, true);
+    END IF;
+END
+$$;
+
+-- Trigger jobs_limit_claim: BEFORE a limited row turns `running`. Returns NULL (the row is
+-- left as it was) unless every limit that applies has room; then records the rate starts.
+-- The locks are tried, never waited for: claimers taking keys in any order cannot deadlock;
+-- one that finds a key taken comes back 25 ms later. The counts run after the locks, each
+-- in a snapshot of its own (a VOLATILE function's statements take one each under READ
+-- COMMITTED): every claim of the key that committed before the lock was taken is counted,
+-- and none can be in progress. A rate-limited attempt's started_at is the clock time its
+-- start was recorded at, so the windows and the attempts agree.
+CREATE OR REPLACE FUNCTION atlantis.limit_claim() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    decl atlantis.job_types;
+    l record;
+    c timestamptz;
+    cnt bigint;
+    frees timestamptz;
+    rated boolean := false;
+BEGIN
+    SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = NEW.job;
+    FOR l IN SELECT * FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r ORDER BY r.key LOOP
+        IF NOT pg_try_advisory_xact_lock(1635019891, hashtext(l.key)) THEN
+            PERFORM atlantis.limit_refuse(l.scope, clock_timestamp() + interval '25 milliseconds');
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    c := clock_timestamp();
+    FOR l IN SELECT * FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r ORDER BY r.key LOOP
+        IF l.kind = 'concurrency' THEN
+            SELECT count(*) INTO cnt FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val);
+            IF cnt >= l.n THEN
+                PERFORM atlantis.limit_refuse(l.scope, NULL);
+                RETURN NULL;
+            END IF;
+        ELSE
+            SELECT count(*) INTO cnt FROM atlantis.limit_starts s
+             WHERE s.key = l.key AND s.until > c;
+            IF cnt >= l.n THEN
+                SELECT s.until INTO frees FROM atlantis.limit_starts s
+                 WHERE s.key = l.key AND s.until > c
+                 ORDER BY s.until OFFSET cnt - l.n LIMIT 1;
+                PERFORM atlantis.limit_refuse(l.scope, frees);
+                RETURN NULL;
+            END IF;
+            INSERT INTO atlantis.limit_starts (key, job_id, at, until)
+            VALUES (l.key, NEW.id, c, c + l.period);
+            rated := true;
+        END IF;
+    END LOOP;
+    IF rated THEN
+        NEW.started_at := c;
+    END IF;
+    NEW.limit_group := coalesce(atlantis.limit_group(decl, NEW.args, true), '');
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION atlantis.limit_claim() FROM PUBLIC;
+
+-- Claim up to `n` due rows of limited jobs (jobs.limit_group set) of `jobs` on `queues`, for
+-- idle children only (never ahead). Priority first; among equal priority the groups take
+-- turns: each group's due rows are ranked, and candidates are tried in the order (priority,
+-- rank in group, run_at, id), one statement each, the trigger deciding. A group (or job,
+-- or queue) whose limit refused a row is skipped for the rest of the call: no row waits
+-- behind a full limit. The groups are found by one index probe each (a loose scan of
+-- jobs_limited_idx). Returns the claimed rows as the `claim` query does, then one row with
+-- a NULL id whose wake_in says in how many seconds a claim should be tried again (a rate
+-- window frees, or a key's lock was taken), or NULL.
+CREATE OR REPLACE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int)
+RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
+               max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
+               backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
+               wake_in float8)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    cand record;
+    got int := 0;
+    skip_groups text[] := '{}';
+    skip_jobs text[] := '{}';
+    skip_queues text[] := '{}';
+    scope text;
+    wake text;
+BEGIN
+    PERFORM set_config('atlantis.limit_wake', '', true);
+    FOR cand IN
+        WITH RECURSIVE g(q, grp) AS (
+            SELECT u.q, (SELECT x.limit_group FROM atlantis.jobs x
+                          WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                            AND x.queue = u.q
+                          ORDER BY x.limit_group LIMIT 1)
+              FROM unnest(claim_limited.queues) AS u(q)
+            UNION ALL
+            SELECT g.q, (SELECT x.limit_group FROM atlantis.jobs x
+                          WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                            AND x.queue = g.q AND x.limit_group > g.grp
+                          ORDER BY x.limit_group LIMIT 1)
+              FROM g WHERE g.grp IS NOT NULL
+        ), heads AS (
+            SELECT h.* FROM g CROSS JOIN LATERAL (
+                SELECT x.id AS cid, x.queue AS cq, x.job AS cjob, x.limit_group AS cgrp,
+                       x.priority AS cpri, x.run_at AS crun
+                  FROM atlantis.jobs x
+                 WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                   AND x.queue = g.q AND x.limit_group = g.grp AND x.run_at <= now()
+                   AND x.job = ANY (claim_limited.jobs)
+                 ORDER BY x.priority, x.run_at, x.id
+                 LIMIT greatest(claim_limited.n, 1)) h
+             WHERE g.grp IS NOT NULL
+        )
+        SELECT heads.*, row_number() OVER (PARTITION BY cq, cgrp, cpri ORDER BY crun, cid) AS rn
+          FROM heads
+         ORDER BY cpri, rn, crun, cid
+    LOOP
+        EXIT WHEN got >= claim_limited.n;
+        CONTINUE WHEN cand.cq = ANY (skip_queues)
+                   OR (cand.cq || E'\x1f' || cand.cjob) = ANY (skip_jobs)
+                   OR (cand.cq || E'\x1f' || cand.cgrp) = ANY (skip_groups);
+        PERFORM set_config('atlantis.limit_refused', '', true);
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE atlantis.jobs j
+               SET state = 'running', attempt = j.attempt + 1, claimed_by = claim_limited.worker,
+                   claimed_until = now() + j.heartbeat, started_at = now(),
+                   progress_history = '[]', limit_group = coalesce(j.limit_group, '')
+             WHERE j.id = (SELECT x.id FROM atlantis.jobs x
+                            WHERE x.id = cand.cid AND x.state = 'available'
+                              AND x.run_at <= now()
+                              FOR UPDATE SKIP LOCKED)
+            RETURNING j.id, j.job, j.queue, j.args::text, j.run, j.attempt, j.max_attempts,
+                      j.cancel_requested_at IS NOT NULL, extract(epoch FROM j.timeout)::float8,
+                      extract(epoch FROM j.heartbeat)::float8,
+                      extract(epoch FROM j.backoff)::float8, now() + j.timeout, j.workflow_id,
+                      CASE WHEN j.workflow_id IS NULL THEN NULL
+                           ELSE atlantis.step_context(j.id)::text END,
+                      NULL::float8
+        )
+        SELECT * FROM claimed;
+        IF FOUND THEN
+            got := got + 1;
+        ELSE
+            scope := current_setting('atlantis.limit_refused', true);
+            IF scope = 'queue' THEN
+                skip_queues := skip_queues || cand.cq;
+            ELSIF scope = 'job' THEN
+                skip_jobs := skip_jobs || (cand.cq || E'\x1f' || cand.cjob);
+            ELSIF scope = 'group' THEN
+                skip_groups := skip_groups || (cand.cq || E'\x1f' || cand.cgrp);
+            ELSIF EXISTS (SELECT 1 FROM atlantis.jobs x
+                           WHERE x.id = cand.cid AND x.state = 'available') THEN
+                -- Locked by a claim under way, which may yet give it back: look again soon.
+                PERFORM atlantis.limit_refuse('', clock_timestamp() + interval '25 milliseconds');
+            END IF;  -- otherwise claimed by another meanwhile
+        END IF;
+    END LOOP;
+    wake := nullif(current_setting('atlantis.limit_wake', true), '');
+    RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int,
+                        NULL::int, NULL::boolean, NULL::float8, NULL::float8, NULL::float8,
+                        NULL::timestamptz, NULL::bigint, NULL::text,
+                        CASE WHEN wake IS NOT NULL THEN greatest(0, extract(epoch FROM
+                             wake::timestamptz - clock_timestamp()))::float8 END;
+END
+$$;
+
+-- The limits that apply to job `job_id` now (tide, the console).
+CREATE OR REPLACE FUNCTION atlantis.limits_of(job_id bigint)
+RETURNS TABLE (key text, kind text, n int, period interval, label text)
+LANGUAGE sql STABLE AS $$
+    SELECT l.key, l.kind, l.n, l.period, l.label
+      FROM atlantis.jobs j
+      LEFT JOIN atlantis.job_types t ON t.job = j.job
+     CROSS JOIN LATERAL atlantis.row_limits(t, j.queue, j.args) l
+     WHERE j.id = limits_of.job_id
+     ORDER BY l.key
+$$;
+
+-- What holds waiting job `job_id` now, as operators read it; NULL when nothing does (or it
+-- is not waiting, or not due).
+CREATE OR REPLACE FUNCTION atlantis.limit_hold(job_id bigint) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    j atlantis.jobs;
+    decl atlantis.job_types;
+    l record;
+    ids bigint[];
+    cnt bigint;
+    frees timestamptz;
+    out text[] := '{}';
+BEGIN
+    SELECT * INTO j FROM atlantis.jobs x WHERE x.id = limit_hold.job_id;
+    IF NOT FOUND OR j.state <> 'available' OR j.run_at > now() THEN
+        RETURN NULL;
+    END IF;
+    SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = j.job;
+    FOR l IN SELECT * FROM atlantis.row_limits(decl, j.queue, j.args) r ORDER BY r.key LOOP
+        IF l.kind = 'concurrency' THEN
+            ids := ARRAY(SELECT h FROM atlantis.limit_holders(decl, j.queue, l.scope, l.fields, l.val) h
+                          ORDER BY h);
+            IF cardinality(ids) >= l.n THEN
+                out := out || format('waiting for a slot of `%s`: %s running', l.label,
+                    CASE WHEN cardinality(ids) = 1 THEN 'job ' || ids[1]
+                         ELSE 'jobs ' || array_to_string(ids[1:5], ', ')
+                              || CASE WHEN cardinality(ids) > 5 THEN ', ...' ELSE '' END END);
+            END IF;
+        ELSE
+            SELECT count(*) INTO cnt FROM atlantis.limit_starts s
+             WHERE s.key = l.key AND s.until > clock_timestamp();
+            IF cnt >= l.n THEN
+                SELECT s.until INTO frees FROM atlantis.limit_starts s
+                 WHERE s.key = l.key AND s.until > clock_timestamp()
+                 ORDER BY s.until OFFSET cnt - l.n LIMIT 1;
+                out := out || format('%s: next start in %ss', l.label,
+                    ceil(extract(epoch FROM frees - clock_timestamp()))::bigint);
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN nullif(array_to_string(out, '; '), '');
+END
+$$;
+
+-- A job's limits changed (sync): mark its waiting and running rows anew, so the trigger
+-- fires for them and the concurrency counts see them. Returns how many rows changed.
+CREATE OR REPLACE FUNCTION atlantis.limit_mark(job_name text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    decl atlantis.job_types;
+    changed bigint;
+BEGIN
+    SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = job_name;
+    UPDATE atlantis.jobs j
+       SET limit_group = atlantis.limit_group(decl, j.args, EXISTS (
+               SELECT 1 FROM atlantis.queues q WHERE q.name = j.queue AND q.concurrency IS NOT NULL))
+     WHERE j.job = job_name AND j.state IN ('available', 'running')
+       AND j.limit_group IS DISTINCT FROM atlantis.limit_group(decl, j.args, EXISTS (
+               SELECT 1 FROM atlantis.queues q WHERE q.name = j.queue AND q.concurrency IS NOT NULL));
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END
+$$;
+
+-- Set (or, with NULL, remove) the concurrency limit of a whole queue. Returns the limit it
+-- had. Its waiting rows are marked limited, so that every claimer obeys it; supervisors hear
+-- of it at once (NOTIFY atlantis_control) or by their pause poll.
+CREATE OR REPLACE FUNCTION atlantis.set_queue_limit(queue text, concurrency int,
+                                                    by text DEFAULT current_user) RETURNS int
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
+AS $$
+DECLARE
+    was int;
+BEGIN
+    IF set_queue_limit.concurrency IS NOT NULL AND set_queue_limit.concurrency < 1 THEN
+        RAISE EXCEPTION 'queue %: a concurrency limit must be 1 or more, not %',
+            set_queue_limit.queue, set_queue_limit.concurrency USING ERRCODE = 'ATL02';
+    END IF;
+    SELECT q.concurrency INTO was FROM atlantis.queues q
+     WHERE q.name = set_queue_limit.queue FOR UPDATE;
+    INSERT INTO atlantis.queues AS q (name, concurrency, limit_by, limit_at)
+    VALUES (set_queue_limit.queue, set_queue_limit.concurrency,
+            coalesce(set_queue_limit.by, current_user), now())
+    ON CONFLICT (name) DO UPDATE
+       SET concurrency = excluded.concurrency, limit_by = excluded.limit_by,
+           limit_at = excluded.limit_at;
+    IF set_queue_limit.concurrency IS NOT NULL THEN
+        UPDATE atlantis.jobs j SET limit_group = ''
+         WHERE j.queue = set_queue_limit.queue AND j.state = 'available' AND j.limit_group IS NULL;
+    ELSIF was IS NOT NULL THEN  -- rows only the queue's limit marked are marked no more
+        UPDATE atlantis.jobs j SET limit_group = NULL
+         WHERE j.queue = set_queue_limit.queue AND j.state = 'available' AND j.limit_group = ''
+           AND atlantis.limit_group((SELECT t FROM atlantis.job_types t WHERE t.job = j.job),
+                                    j.args, false) IS NULL;
+    END IF;
+    PERFORM pg_notify('atlantis_control', json_build_object(
+        'op', 'limit', 'queue', set_queue_limit.queue)::text);
+    -- A limit raised or removed may let waiting rows run.
+    PERFORM pg_notify('atlantis_jobs', set_queue_limit.queue);
+    RETURN was;
+END
+$$;
+
+-- Per queue of `queues`: its queue limit, rows running, running rows of limited jobs (slots
+-- in use) and due waiting rows of limited jobs (held by a limit, or about to be claimed;
+-- counted up to 10,000).
+CREATE OR REPLACE FUNCTION atlantis.limit_usage(queues text[])
+RETURNS TABLE (queue text, concurrency int, running bigint, limited_running bigint, held bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT u.q, qq.concurrency,
+           (SELECT count(*) FROM atlantis.jobs j WHERE j.state = 'running' AND j.queue = u.q),
+           (SELECT count(*) FROM atlantis.jobs j
+             WHERE j.state = 'running' AND j.queue = u.q AND j.limit_group IS NOT NULL),
+           (SELECT count(*) FROM (SELECT 1 FROM atlantis.jobs j
+                                   WHERE j.state = 'available' AND j.queue = u.q
+                                     AND j.limit_group IS NOT NULL AND j.run_at <= now()
+                                   LIMIT 10000) h)
+      FROM unnest(limit_usage.queues) AS u(q)
+      LEFT JOIN atlantis.queues qq ON qq.name = u.q
+$$;
+
+-- Rate windows that ended are forgotten (at most `batch` rows a call; the rescue runs it).
+CREATE OR REPLACE FUNCTION atlantis.limit_sweep(batch int DEFAULT 1000) RETURNS int
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    gone int;
+BEGIN
+    DELETE FROM atlantis.limit_starts s
+     WHERE s.ctid = ANY (ARRAY(SELECT x.ctid FROM atlantis.limit_starts x
+                                WHERE x.until < now() - interval '1 second'
+                                LIMIT greatest(coalesce(batch, 1000), 1)));
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    RETURN gone;
 END
 $$;

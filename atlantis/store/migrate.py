@@ -107,7 +107,12 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.unique_key(atlantis.job_types, jsonb),"
     " atlantis.canonical_value(text, boolean, jsonb), atlantis.canonical_double(numeric),"
     " atlantis.type_mismatch(text, int, jsonb),"
-    " atlantis.workflow_step_states(bigint), atlantis.step_context(bigint)"
+    " atlantis.workflow_step_states(bigint), atlantis.step_context(bigint),"
+    " atlantis.limit_hold(bigint), atlantis.limits_of(bigint), atlantis.limit_usage(text[]),"
+    " atlantis.row_limits(atlantis.job_types, text, jsonb),"
+    " atlantis.limit_value(atlantis.job_types, jsonb, text[]),"
+    " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb),"
+    " atlantis.limit_period_text(interval)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.
@@ -126,14 +131,15 @@ GRANT EXECUTE ON FUNCTION
 GRANT USAGE ON SCHEMA atlantis TO atlantis_worker;
 GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_worker;
 GRANT INSERT, UPDATE, DELETE ON atlantis.jobs, atlantis.attempts, atlantis.logs,
-    atlantis.workers, atlantis.schedule_runs TO atlantis_worker;
+    atlantis.workers, atlantis.schedule_runs, atlantis.limit_starts TO atlantis_worker;
 GRANT INSERT, UPDATE ON atlantis.job_types TO atlantis_worker;
 GRANT USAGE, SELECT ON SEQUENCE atlantis.jobs_id_seq, atlantis.attempts_id_seq,
     atlantis.logs_id_seq TO atlantis_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
 REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
     atlantis.resume(text, text), atlantis.delete_finished(bigint[]),
-    atlantis.retry_workflow(bigint, text) FROM atlantis_worker;""",
+    atlantis.retry_workflow(bigint, text), atlantis.set_queue_limit(text, int, text)
+    FROM atlantis_worker;""",
     # tide's changes and the console's writes, through functions, plus what reads need.
     "atlantis_operator": """
 GRANT USAGE ON SCHEMA atlantis TO atlantis_operator;
@@ -143,7 +149,8 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.pause(text, text, text), atlantis.resume(text, text),
     atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[]),
     atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text),
-    atlantis.retry_workflow(bigint, text), atlantis.prune_workflows(interval, text[], int)
+    atlantis.retry_workflow(bigint, text), atlantis.prune_workflows(interval, text[], int),
+    atlantis.set_queue_limit(text, int, text)
     TO atlantis_operator;
 DO $$
 BEGIN
@@ -302,7 +309,7 @@ def sync(conn: psycopg.Connection[Any], decls: list[JobDecl],
     with conn.transaction():
         for decl in decls:
             d = decl.to_json()
-            conn.execute(
+            row = conn.execute(
                 Q.sync_job_type,
                 {
                     "job": d["job"], "queue": d["queue"], "max_attempts": d["max_attempts"],
@@ -310,9 +317,11 @@ def sync(conn: psycopg.Connection[Any], decls: list[JobDecl],
                     "heartbeat": d["heartbeat"], "backoff": d["backoff"],
                     "unique_fields": d["unique_fields"], "fields": Jsonb(d["fields"]),
                     "source": d["source"], "stall": d["stall"], "schedule": d["schedule"],
-                    "tz": d["tz"],
+                    "tz": d["tz"], "limits": Jsonb(d.get("limits", [])),
                 },
-            )
+            ).fetchone()
+            if row and row[0]:  # its limits changed: its waiting and running rows follow
+                conn.execute(Q.limit_mark, {"job": d["job"]})
         for workflow in workflows:
             w = workflow.to_json()
             conn.execute(

@@ -18,6 +18,13 @@ class Queries:
     enqueue_many: LiteralString
     sync_job_type: LiteralString
     claim: LiteralString
+    claim_limited: LiteralString
+    limit_mark: LiteralString
+    limit_sweep: LiteralString
+    limited_queues: LiteralString
+    limit_usage: LiteralString
+    limit_hold: LiteralString
+    set_queue_limit: LiteralString
     renew: LiteralString
     finish: LiteralString
     rescue: LiteralString

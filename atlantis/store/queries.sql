@@ -10,30 +10,46 @@ SELECT atlantis.enqueue_many(%(job)s, %(args)b::jsonb[], %(run_at)s, %(priority)
                              %(delay)s)
 
 -- name: sync_job_type
-INSERT INTO atlantis.job_types (job, queue, max_attempts, priority, timeout, heartbeat, backoff,
-                                unique_fields, fields, source, synced_at, stall, schedule, tz)
+-- Returns whether the job's limits changed: its rows are then marked anew (limit_mark).
+WITH was AS (SELECT t.limits FROM atlantis.job_types t WHERE t.job = %(job)s)
+INSERT INTO atlantis.job_types AS t (job, queue, max_attempts, priority, timeout, heartbeat,
+                                     backoff, unique_fields, fields, source, synced_at, stall,
+                                     schedule, tz, limits)
 VALUES (%(job)s, %(queue)s, %(max_attempts)s, %(priority)s, make_interval(secs => %(timeout)s),
         make_interval(secs => %(heartbeat)s), make_interval(secs => %(backoff)s),
         %(unique_fields)s, %(fields)s, %(source)s, now(),
-        make_interval(secs => %(stall)s::double precision), %(schedule)s, %(tz)s)
+        make_interval(secs => %(stall)s::double precision), %(schedule)s, %(tz)s, %(limits)s)
 ON CONFLICT (job) DO UPDATE SET
     queue = excluded.queue, max_attempts = excluded.max_attempts, priority = excluded.priority,
     timeout = excluded.timeout, heartbeat = excluded.heartbeat, backoff = excluded.backoff,
     unique_fields = excluded.unique_fields, fields = excluded.fields, source = excluded.source,
     synced_at = excluded.synced_at, stall = excluded.stall, schedule = excluded.schedule,
-    tz = excluded.tz
+    tz = excluded.tz, limits = excluded.limits
+RETURNING t.limits IS DISTINCT FROM coalesce((SELECT was.limits FROM was), '[]'::jsonb)
+          AS limits_changed
+
+-- name: limit_mark
+SELECT atlantis.limit_mark(%(job)s)
 
 -- name: claim
 -- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
 -- One index-ordered scan per queue (queue = one value, so jobs_fetch_idx returns rows in
 -- order and the LIMIT stops it early); `queue = ANY(...)` would sort every waiting row.
+-- Rows of the jobs of `limited` (those declaring limits) and rows on a queue with a limit
+-- are claim_limited's when marked (limit_group); one not marked yet (enqueued as its limit
+-- was being declared) is marked here, so that the limit trigger decides it. A marked row of
+-- any other job (its limits are newer than this supervisor's app) keeps its mark: the
+-- trigger decides it too.
 WITH picked AS MATERIALIZED (
-    SELECT j.id
-      FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT j.id, q.limited
+      FROM (SELECT u.name, EXISTS (SELECT 1 FROM atlantis.queues l
+                                    WHERE l.name = u.name AND l.concurrency IS NOT NULL) AS limited
+              FROM unnest(%(queues)s::text[]) AS u(name)) AS q
      CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM atlantis.jobs
              WHERE state = 'available' AND queue = q.name AND run_at <= now()
                AND job = ANY(%(jobs)s::text[])
+               AND (limit_group IS NULL OR NOT (q.limited OR job = ANY(%(limited)s::text[])))
              ORDER BY priority, run_at, id
              LIMIT %(limit)s
                FOR UPDATE SKIP LOCKED
@@ -43,7 +59,9 @@ WITH picked AS MATERIALIZED (
 )
 UPDATE atlantis.jobs j
    SET state = 'running', attempt = j.attempt + 1, claimed_by = %(worker)s,
-       claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]'
+       claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]',
+       limit_group = CASE WHEN picked.limited OR j.job = ANY(%(limited)s::text[])
+                          THEN coalesce(j.limit_group, '') ELSE j.limit_group END
   FROM picked
  WHERE j.id = picked.id
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
@@ -56,6 +74,11 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
           now() + j.timeout AS deadline, j.workflow_id,
           CASE WHEN j.workflow_id IS NULL THEN NULL
                ELSE atlantis.step_context(j.id)::text END AS workflow
+
+-- name: claim_limited
+-- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
+-- NULL id and says when to try again (wake_in, seconds).
+SELECT * FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s)
 
 -- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
@@ -192,6 +215,12 @@ WITH r AS (
       FROM done
      -- A row given back before any child ran it (claimed ahead) had no attempt.
      WHERE NOT (done.label = 'release' AND done.child_pid IS NULL)
+), refund AS (
+    -- A rate-limited row given back before any child ran it did not start: its windows
+    -- forget it (atlantis.limit_claim recorded them at its started_at).
+    DELETE FROM atlantis.limit_starts s USING done
+     WHERE done.label = 'release' AND done.child_pid IS NULL
+       AND s.job_id = done.id AND s.at = done.attempt_started
 ), note AS MATERIALIZED (
     -- Watchers (the console) hear which jobs changed state: a NOTIFY listing them, one per
     -- 300 (a payload holds 8000 bytes: one for a whole batch of 1,100 failed them all).
@@ -254,6 +283,10 @@ SELECT id, state, queue FROM done
 -- Workflows past their deadline fail; cancels a race skipped are sent again (migration 0017).
 SELECT atlantis.workflow_sweep(%(batch)s)
 
+-- name: limit_sweep
+-- Rate windows that ended are forgotten (migration 0018).
+SELECT atlantis.limit_sweep(%(batch)s)
+
 -- name: worker_upsert
 -- job_types: the jobs it claims (they change with a reload; migration 0014).
 INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,
@@ -275,7 +308,9 @@ LISTEN atlantis_jobs; LISTEN atlantis_control
 -- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
 -- lost): no child runs them. Give them back at once without spending the attempt, rather
 -- than let them wait for their lease to expire and be rescued as a failure. A row whose
--- cancel was requested meanwhile ends cancelled instead, saying who cancelled it.
+-- cancel was requested meanwhile ends cancelled instead, saying who cancelled it. A rate
+-- window forgets such a row: it did not start.
+WITH released AS (
 UPDATE atlantis.jobs
    SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END,
        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
@@ -291,7 +326,12 @@ UPDATE atlantis.jobs
                      ELSE errors END,
        attempt = attempt - 1, run_at = now(), claimed_until = NULL
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))
-RETURNING id
+RETURNING id, started_at
+), refund AS (
+    DELETE FROM atlantis.limit_starts s USING released
+     WHERE s.job_id = released.id AND s.at = released.started_at
+)
+SELECT id FROM released
 
 -- name: attempt_state
 -- After a result was sent on a connection that broke: did that write land?
@@ -304,6 +344,23 @@ SELECT id FROM atlantis.jobs
 
 -- name: paused_queues
 SELECT name FROM atlantis.queues WHERE paused AND name = ANY(%(queues)s::text[])
+
+-- name: limited_queues
+-- Served queues with a queue-wide concurrency limit (tide queue limit).
+SELECT name FROM atlantis.queues WHERE concurrency IS NOT NULL AND name = ANY(%(queues)s::text[])
+
+-- name: limit_usage
+-- Per queue: its limit, rows running, slots in use, rows held (atlantis.limit_usage).
+SELECT queue, concurrency, running, limited_running, held
+  FROM atlantis.limit_usage(%(queues)s::text[])
+
+-- name: limit_hold
+-- What holds a waiting job, as operators read it (NULL: nothing).
+SELECT atlantis.limit_hold(%(id)s) AS held
+
+-- name: set_queue_limit
+-- A queue-wide concurrency limit (NULL removes it); returns the one it had.
+SELECT atlantis.set_queue_limit(%(queue)s, %(concurrency)s, %(by)s) AS was
 
 -- name: log_insert
 -- Handler output, a batch of lines of any attempts.

@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0017) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0018) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -73,9 +73,11 @@ CREATE TABLE atlantis.job_types (
     stall interval,
     schedule text,
     tz text,
+    limits jsonb DEFAULT '[]'::jsonb NOT NULL,
     CONSTRAINT job_types_backoff_check CHECK ((backoff >= '00:00:00'::interval)),
     CONSTRAINT job_types_fields_check CHECK ((jsonb_typeof(fields) = 'array'::text)),
     CONSTRAINT job_types_heartbeat_check CHECK ((heartbeat > '00:00:00'::interval)),
+    CONSTRAINT job_types_limits_check CHECK ((jsonb_typeof(limits) = 'array'::text)),
     CONSTRAINT job_types_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT job_types_stall_check CHECK ((stall > '00:00:00'::interval)),
     CONSTRAINT job_types_timeout_check CHECK ((timeout > '00:00:00'::interval))
@@ -87,6 +89,14 @@ CREATE TABLE atlantis.job_types (
 
 CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS jsonb
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: claim_limited(text[], text[], text, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision)
+    LANGUAGE plpgsql
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -158,11 +168,99 @@ CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: limit_claim(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_group(atlantis.job_types, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb, queue_limited boolean) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_hold(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_hold(job_id bigint) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_holders(atlantis.job_types, text, text, text[], jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[], val jsonb) RETURNS SETOF bigint
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_mark(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_mark(job_name text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: limit_mismatch(text, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
 CREATE FUNCTION atlantis.limit_mismatch(ftype text, v jsonb, scan boolean) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_period_text(interval); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_refuse(text, timestamp with time zone); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_sweep(batch integer DEFAULT 1000) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_usage(text[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_usage(queues text[]) RETURNS TABLE(queue text, concurrency integer, running bigint, limited_running bigint, held bigint)
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_value(atlantis.job_types, jsonb, text[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limits_of(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limits_of(job_id bigint) RETURNS TABLE(key text, kind text, n integer, period interval, label text)
+    LANGUAGE sql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -270,6 +368,14 @@ CREATE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT CURR
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: row_limits(atlantis.job_types, text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb) RETURNS TABLE(key text, kind text, n integer, period interval, fields text[], val jsonb, scope text, label text)
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: schedule_catch_up(text, timestamp with time zone, timestamp with time zone, timestamp with time zone, bigint, timestamp with time zone[]); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -283,6 +389,15 @@ CREATE FUNCTION atlantis.schedule_catch_up(job_name text, after timestamp with t
 --
 
 CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time zone, grace interval, OUT outcome text, OUT job_id bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: set_queue_limit(text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.set_queue_limit(queue text, concurrency integer, by text DEFAULT CURRENT_USER) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
@@ -334,6 +449,7 @@ CREATE TABLE atlantis.jobs (
     step text,
     compensation boolean DEFAULT false NOT NULL,
     result jsonb,
+    limit_group text,
     CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_compensation_check CHECK (((NOT compensation) OR (workflow_id IS NOT NULL))),
     CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
@@ -660,6 +776,17 @@ CREATE SEQUENCE atlantis.jobs_id_seq
 ALTER SEQUENCE atlantis.jobs_id_seq OWNED BY atlantis.jobs.id;
 
 --
+-- Name: limit_starts; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.limit_starts (
+    key text NOT NULL,
+    job_id bigint NOT NULL,
+    at timestamp with time zone NOT NULL,
+    until timestamp with time zone NOT NULL
+);
+
+--
 -- Name: logs; Type: TABLE; Schema: atlantis; Owner: -
 --
 
@@ -700,7 +827,11 @@ CREATE TABLE atlantis.queues (
     paused boolean DEFAULT false NOT NULL,
     reason text,
     changed_by text,
-    changed_at timestamp with time zone DEFAULT now() NOT NULL
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    concurrency integer,
+    limit_by text,
+    limit_at timestamp with time zone,
+    CONSTRAINT queues_concurrency_check CHECK ((concurrency >= 1))
 );
 
 --
@@ -935,6 +1066,18 @@ CREATE INDEX jobs_finished_idx ON atlantis.jobs USING btree (finished_at) WHERE 
 CREATE INDEX jobs_lease_idx ON atlantis.jobs USING btree (claimed_until) WHERE (state = 'running'::text);
 
 --
+-- Name: jobs_limited_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_limited_idx ON atlantis.jobs USING btree (queue, limit_group, priority, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NOT NULL));
+
+--
+-- Name: jobs_limited_running_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_limited_running_idx ON atlantis.jobs USING btree (job) WHERE ((state = 'running'::text) AND (limit_group IS NOT NULL));
+
+--
 -- Name: jobs_state_queue_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
@@ -951,6 +1094,18 @@ CREATE UNIQUE INDEX jobs_unique_idx ON atlantis.jobs USING btree (job, unique_ke
 --
 
 CREATE INDEX jobs_workflow_idx ON atlantis.jobs USING btree (workflow_id, step) WHERE (workflow_id IS NOT NULL);
+
+--
+-- Name: limit_starts_job_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX limit_starts_job_idx ON atlantis.limit_starts USING btree (job_id);
+
+--
+-- Name: limit_starts_key_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX limit_starts_key_idx ON atlantis.limit_starts USING btree (key, until);
 
 --
 -- Name: logs_job_idx; Type: INDEX; Schema: atlantis; Owner: -
@@ -993,6 +1148,12 @@ CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances
 --
 
 CREATE STATISTICS atlantis.jobs_state_queue_stats (mcv) ON queue, state FROM atlantis.jobs;
+
+--
+-- Name: jobs jobs_limit_claim; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_limit_claim BEFORE UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((new.state = 'running'::text) AND (old.state <> 'running'::text) AND (new.limit_group IS NOT NULL))) EXECUTE FUNCTION atlantis.limit_claim();
 
 --
 -- Name: jobs jobs_next_run; Type: TRIGGER; Schema: atlantis; Owner: -

@@ -164,12 +164,47 @@ class Connection(Protocol):
 
 
 async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str], limit: int,
-                timeout: float) -> list[ClaimedRow]:
-    """Claim up to ``limit`` rows of ``jobs`` on ``queues``, in a transaction: a claim
-    abandoned on a link that delivers it late is rolled back (see ``Db.fetch``)."""
+                timeout: float, limited: Sequence[str] = ()) -> list[ClaimedRow]:
+    """Claim up to ``limit`` rows of ``jobs`` on ``queues`` that no limit applies to, in a
+    transaction: a claim abandoned on a link that delivers it late is rolled back (see
+    ``Db.fetch``). ``limited``: the jobs declaring limits (a row of theirs not yet marked is
+    marked, so that the limit trigger decides it)."""
     return await db.fetch_rows(ClaimedRow, Q.claim, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
+        "limited": list(limited),
     }, timeout=timeout, transaction=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedClaim:
+    """What :func:`claim_limited` got: the rows, and when to try again (seconds; None: no
+    need to before the next NOTIFY or poll)."""
+
+    rows: list[ClaimedRow]
+    wake_in: float | None
+
+
+async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: list[str],
+                        limit: int, timeout: float) -> LimitedClaim:
+    """Claim up to ``limit`` rows of limited jobs (``atlantis.claim_limited``), in a
+    transaction as :func:`claim`; only for children idle now."""
+    raw = await db.fetch(Q.claim_limited, {
+        "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
+    }, timeout=timeout, transaction=True)
+    rows: list[ClaimedRow] = []
+    wake_in: float | None = None
+    # The columns of atlantis.claim_limited, in order; the last row has a NULL id.
+    for (job_id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout_s,
+         heartbeat, backoff, deadline, workflow_id, workflow, wake) in raw:
+        if job_id is None:
+            wake_in = wake
+            continue
+        rows.append(ClaimedRow(
+            id=job_id, job=job, queue=queue, args=args, attempt=attempt,
+            max_attempts=max_attempts, cancel_requested=cancel_requested, timeout=timeout_s,
+            heartbeat=heartbeat, backoff=backoff, deadline=deadline, run=run,
+            workflow=workflow, workflow_id=workflow_id))
+    return LimitedClaim(rows, wake_in)
 
 
 async def release_orphans(db: Connection, worker: str, known: list[int]) -> list[ReleasedRow]:
@@ -220,6 +255,17 @@ async def cancel_requests(db: Connection, worker: str) -> list[int]:
 
 async def paused_queues(db: Connection, queues: list[str]) -> set[str]:
     return {q for (q,) in await db.fetch(Q.paused_queues, {"queues": queues}, timeout=5)}
+
+
+async def limited_queues(db: Connection, queues: list[str]) -> set[str]:
+    """Those of ``queues`` with a queue-wide concurrency limit (tide queue limit)."""
+    return {q for (q,) in await db.fetch(Q.limited_queues, {"queues": queues}, timeout=5)}
+
+
+async def limit_sweep(db: Connection, batch: int) -> int:
+    """Forget rate windows that ended (atlantis.limit_sweep); returns how many went."""
+    rows = await db.fetch(Q.limit_sweep, {"batch": batch}, timeout=10)
+    return int(rows[0][0]) if rows else 0
 
 
 async def listen(db: Connection) -> None:

@@ -14,6 +14,13 @@ costs PostgreSQL mostly per statement, not per row). A held row is
 typically take under half of ``claim_ahead_hold`` (1 s), and a row no child took within
 that time (or a quarter of its heartbeat, if shorter) is given back at once, unspent. A
 long attempt therefore never keeps a row from another supervisor for longer than that.
+
+Limited rows (jobs declaring ``concurrency`` or ``rate``, queues with a limit) are claimed
+by a statement of their own (``atlantis.claim_limited``), first and only for idle children;
+a supervisor serving any of them claims nothing ahead, so that its children do fall idle
+for them. The limits themselves are held by the database (the trigger jobs_limit_claim).
+No NOTIFY announces that a rate window ended or that a contended key came free: the claim
+says when to look again (``wake_in``), and the claimer comes back then.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class Claimer(Service):
         """A claim statement is under way."""
         self._stale_at: int | None = None
         """``ledger.attempts_ended`` when held rows last went stale: hold none until it moves."""
+        self._wake_at: float | None = None
+        """When a limited claim asked to be tried again (a rate window ends, a key frees)."""
 
     def loops(self) -> list[Loop]:
         return [self._claim_loop]
@@ -78,6 +87,8 @@ class Claimer(Service):
             wait = rt.settings.poll_interval
             if self.ledger.held:  # come back in time to give a stale one back
                 wait = min(wait, rt.settings.claim_ahead_hold / 4)
+            if self._wake_at is not None:
+                wait = max(0.0, min(wait, self._wake_at - rt.now()))
             try:
                 await asyncio.wait_for(rt.wake.wait(), wait)
             except TimeoutError:
@@ -85,6 +96,8 @@ class Claimer(Service):
             rt.wake.clear()
             if rt.draining:
                 return
+            if self._wake_at is not None and rt.now() >= self._wake_at:
+                self._wake_at = None
             self._give_back_stale()
             try:
                 if self._orphans_possible:
@@ -130,20 +143,27 @@ class Claimer(Service):
         if self._stale_at is not None and self.ledger.attempts_ended != self._stale_at:
             self._stale_at = None  # an attempt ended since: a child is free again
         idle = self.idle()
-        ahead = self._ahead()
+        queues = [q for q in rt.settings.queues if q not in rt.paused]
+        if not queues:
+            return
+        jobs = self.jobs()
+        limited = bool(rt.limited_jobs.intersection(jobs)
+                       or rt.limited_queues.intersection(queues))
+        ahead = 0 if limited else self._ahead()
+        if limited and idle:
+            idle -= await self._claim_limited(queues, jobs, idle)
         if not idle and len(held) > ahead // 2:
             return  # enough held: top up in batches, not one row per finished attempt
         want = idle + ahead - len(held)
-        queues = [q for q in rt.settings.queues if q not in rt.paused]
-        if want <= 0 or not queues:
+        if want <= 0:
             return
         # In a transaction: a claim abandoned on a link that delivers it late is rolled back.
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
         self._claiming = True
         try:
-            rows = await sql.claim(self.db, rt.worker_id, queues, self.jobs(), want,
-                                   rt.settings.claim_timeout)
+            rows = await sql.claim(self.db, rt.worker_id, queues, jobs, want,
+                                   rt.settings.claim_timeout, sorted(rt.limited_jobs))
         finally:
             self._claiming = False
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at
@@ -152,6 +172,27 @@ class Claimer(Service):
         self.start_held()
         if rows and len(rows) == want:
             rt.wake.set()  # more work may be waiting
+
+    async def _claim_limited(self, queues: list[str], jobs: list[str], idle: int) -> int:
+        """Claim rows of limited jobs for ``idle`` children; returns how many came."""
+        rt = self.rt
+        self._claiming = True
+        try:
+            got = await sql.claim_limited(self.db, rt.worker_id, queues, jobs, idle,
+                                          rt.settings.claim_timeout)
+        finally:
+            self._claiming = False
+        t0 = self.db.sent_at
+        for row in got.rows:
+            self._hold(row, t0)
+        self.start_held()
+        if got.wake_in is not None:
+            at = rt.now() + got.wake_in
+            if self._wake_at is None or at < self._wake_at:
+                self._wake_at = at
+        if got.rows and len(got.rows) == idle:
+            rt.wake.set()  # more work may be waiting
+        return len(got.rows)
 
     def _hold(self, row: ClaimedRow, t0: float) -> None:
         """Hold a claimed row for the next idle child that can run it."""

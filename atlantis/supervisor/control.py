@@ -1,7 +1,7 @@
 """Control: what the database announces, heard on LISTEN, with polls as the fallback.
 
 New work on a served queue wakes the claimer; an operator's cancel reaches its attempt
-through the ledger; a pause or a resume is looked up at once. NOTIFYs are a fast path
+through the ledger; a pause, a resume or a queue limit is looked up at once. NOTIFYs are a fast path
 only: a poll finds the cancels (for attempts whose renewals come too seldom to carry them)
 and the paused queues that a lost notification never announced.
 """
@@ -64,7 +64,7 @@ class Control(Service):
                 continue
 
     def _route(self, payload: str) -> None:
-        """An operator's request: a cancel (for our attempts), a pause or a resume."""
+        """An operator's request: a cancel (for our attempts), a pause, a resume, a limit."""
         try:
             msg = orjson.loads(payload)
             op = msg["op"]
@@ -76,7 +76,7 @@ class Control(Service):
             job_id = msg.get("job_id")
             if isinstance(job_id, int):
                 rt.ledger.cancel(job_id)
-        elif op in ("pause", "resume") and msg.get("queue") in rt.settings.queues:
+        elif op in ("pause", "resume", "limit") and msg.get("queue") in rt.settings.queues:
             self._pause_now.set()
 
     async def _cancel_loop(self) -> None:
@@ -115,6 +115,18 @@ class Control(Service):
                     log.warning("queue %s is resumed", q)
                 rt.paused = paused
                 rt.metrics.paused.set(len(paused))
+                rt.wake.set()
+            try:
+                limited: set[str] | None = await sql.limited_queues(self.db_poll,
+                                                                    list(rt.settings.queues))
+            except (DatabaseUnavailable, StatementRejected):
+                limited = None
+            if limited is not None and limited != rt.limited_queues:
+                for q in sorted(limited - rt.limited_queues):
+                    log.warning("queue %s has a concurrency limit now", q)
+                for q in sorted(rt.limited_queues - limited):
+                    log.warning("queue %s has no concurrency limit now", q)
+                rt.limited_queues = limited
                 rt.wake.set()
             self._pause_now.clear()
             try:

@@ -35,6 +35,11 @@ def _sync(url: str, decls: list[JobDecl], workflows: list[WorkflowDecl]) -> None
         sync(conn, decls, workflows)
 
 
+def limited_jobs(decls: list[JobDecl]) -> frozenset[str]:
+    """The jobs that declare limits (their rows are claimed by ``claim_limited``)."""
+    return frozenset(d.qualified_name for d in decls if d.limits)
+
+
 def served(decls: list[JobDecl], jobs: list[str], queues: tuple[str, ...]) -> list[JobDecl]:
     """The declarations a supervisor serves: a handler, on one of its queues."""
     handled = set(jobs)
@@ -104,5 +109,6 @@ class Reloader:
                  f" (new: {', '.join(added)})" if added else "",
                  f" (removed: {', '.join(removed)})" if removed else "")
         self.jobs = app.jobs
+        self.rt.limited_jobs = limited_jobs(app.decls)
         self.scheduler.update(served(app.decls, app.jobs, s.queues))
         self.pool.reload(app.jobs)

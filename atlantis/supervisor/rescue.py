@@ -4,7 +4,8 @@ Their worker is presumed dead: the attempt counts as failed and the row goes bac
 (or to dead, or to cancelled if a cancel was requested). Outcomes of this supervisor still
 waiting to be written come first: rescued, they would be run again. The same tick runs the
 workflow sweep (atlantis.workflow_sweep): workflows past their deadline, the one workflow
-transition that only time finds.
+transition that only time finds; and forgets the rate windows that ended
+(atlantis.limit_sweep).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Rescue(Service):
         rt.ledger.rescued(r.id for r in rows)
         try:  # workflows past their deadline: the one transition only time finds
             await sql.workflow_sweep(self.db, rt.settings.rescue_batch)
+            await sql.limit_sweep(self.db, rt.settings.rescue_batch)  # rate windows ended
         except (DatabaseUnavailable, StatementRejected):
             pass
         for r in rows:

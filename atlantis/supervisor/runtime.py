@@ -38,6 +38,10 @@ class Runtime:
     """SIGTERM/SIGINT received: a second one during the drain hurries it."""
     paused: set[str] = field(default_factory=set)
     """Served queues an operator paused: not claimed from until resumed."""
+    limited_queues: set[str] = field(default_factory=set)
+    """Served queues with a queue-wide concurrency limit (tide queue limit)."""
+    limited_jobs: frozenset[str] = frozenset()
+    """Jobs of the app that declare limits (concurrency, rate)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Wakes the claimer: a child became idle, work was announced, the database is back."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -42,7 +42,7 @@ from atlantis.supervisor.enforcement import Enforcement
 from atlantis.supervisor.leases import Leases
 from atlantis.supervisor.pool import Pool
 from atlantis.supervisor.presence import Presence
-from atlantis.supervisor.reload import Reloader, served
+from atlantis.supervisor.reload import Reloader, limited_jobs, served
 from atlantis.supervisor.rescue import Rescue
 from atlantis.supervisor.retention import Retention
 from atlantis.supervisor.runtime import Runtime
@@ -64,6 +64,7 @@ class Supervisor:
         """Every service, in starting order; they stop in reverse."""
         jobs = sorted(self.registry.registrations)
         decls = served(list(self.registry.decls.values()), jobs, self.settings.queues)
+        rt.limited_jobs = limited_jobs(list(self.registry.decls.values()))
         completer = Completer(rt)
         logs = AttemptLogs(rt)
         pool = Pool(rt, logs, jobs)
