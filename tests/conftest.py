@@ -29,7 +29,7 @@ TEST_APP = "tests.apps.basic:registry"
 SYNCED_APPS = [TEST_APP, "tests.apps.process:registry", "tests.apps.hostile:registry",
                "tests.apps.values:registry", "tests.apps.contain:registry",
                "tests.apps.sched:registry", "tests.apps.ops:registry",
-               "tests.apps.console_app:registry"]
+               "tests.apps.console_app:registry", "tests.apps.limited:registry"]
 TEMPLATE = "atl_template"
 _counter = itertools.count()
 
