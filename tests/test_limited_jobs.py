@@ -23,7 +23,7 @@ def enqueue(db: psycopg.Connection[Any], job: str, args: list[dict[str, Any]]) -
 
 def intervals(db: psycopg.Connection[Any]) -> list[tuple[str, int, Any, Any]]:
     """(key, job_id, started, ended) of every attempt that ended."""
-    return [tuple(r) for r in db.execute(  # type: ignore[misc]
+    return [tuple(r) for r in db.execute(
         "SELECT s.key, s.job_id, s.at, e.at FROM test_events s JOIN test_events e"
         " ON e.job_id = s.job_id AND e.attempt = s.attempt AND e.event = 'ended'"
         " WHERE s.event = 'started' ORDER BY s.at").fetchall()]
