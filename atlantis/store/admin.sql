@@ -93,7 +93,7 @@ SELECT greatest((SELECT max(a.attempt) FROM atlantis.attempts a
 -- jobs that no live supervisor of the queue handles (a supervisor's `job_types`, migration
 -- 0014; NULL, from an earlier release: every job), and `unserved`: due jobs wait and no live
 -- supervisor serves the queue, or some of them are of such a type. `unserved_jobs` looks at
--- the first `sample` due jobs in claim order (jobs_fetch_idx): rows nobody claims stay at
+-- the first `sample` due jobs in claim order (jobs_fetch_free_idx): rows nobody claims stay at
 -- the head of that order while the others are claimed; and `sample` due rows of limited
 -- jobs (jobs_limited_idx), which the claim takes group by group. Counts come from atlantis.queue_counts: exact up to
 -- `cap` rows per queue and state, the planner's estimate beyond (listed in `approximate`),

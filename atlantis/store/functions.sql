@@ -1069,7 +1069,7 @@ $$;
 REVOKE ALL ON FUNCTION atlantis.queue_counts(bigint) FROM PUBLIC;
 
 -- The run_at of the queue's oldest due job, by one index probe per distinct priority in
--- jobs_fetch_idx (queue, priority, run_at, id), which holds the rows no limit applies to;
+-- jobs_fetch_free_idx (queue, priority, run_at, id), which holds the rows no limit applies to;
 -- the rows of limited jobs (jobs_limited_idx, ordered by group first) are read in full.
 CREATE OR REPLACE FUNCTION atlantis.oldest_due(q text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE

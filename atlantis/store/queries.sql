@@ -33,9 +33,9 @@ SELECT atlantis.limit_mark(%(job)s)
 
 -- name: claim
 -- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
--- One index-ordered scan per queue (queue = one value, so jobs_fetch_idx returns rows in
+-- One index-ordered scan per queue (queue = one value, so jobs_fetch_free_idx returns rows in
 -- order and the LIMIT stops it early); `queue = ANY(...)` would sort every waiting row.
--- Rows marked limited (limit_group) are claim_limited's, and not in jobs_fetch_idx. A row of
+-- Rows marked limited (limit_group) are claim_limited's, and not in jobs_fetch_free_idx. A row of
 -- a job of `limited` (those declaring limits), or on a queue with a limit, that is not
 -- marked yet (enqueued as its limit was being declared) is marked here, so that the limit
 -- trigger decides it.

@@ -1072,10 +1072,16 @@ CREATE INDEX attempts_job_idx ON atlantis.attempts USING btree (job_id, id);
 CREATE INDEX console_audit_at_idx ON atlantis.console_audit USING btree (at DESC);
 
 --
+-- Name: jobs_fetch_free_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_fetch_free_idx ON atlantis.jobs USING btree (queue, priority, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NULL));
+
+--
 -- Name: jobs_fetch_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE INDEX jobs_fetch_idx ON atlantis.jobs USING btree (queue, priority, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NULL));
+CREATE INDEX jobs_fetch_idx ON atlantis.jobs USING btree (queue, priority, run_at, id) WHERE (state = 'available'::text);
 
 --
 -- Name: jobs_finished_idx; Type: INDEX; Schema: atlantis; Owner: -

@@ -21,9 +21,9 @@ ALTER TABLE atlantis.queues
 ALTER TABLE atlantis.jobs ADD COLUMN limit_group text;
 
 -- The claim of rows no limit applies to never meets a limited one: a backlog held by a
--- limit costs it nothing.
-DROP INDEX atlantis.jobs_fetch_idx;
-CREATE INDEX jobs_fetch_idx ON atlantis.jobs (queue, priority, run_at, id)
+-- limit costs it nothing. jobs_fetch_idx (every waiting row) stays for the claims of
+-- supervisors of the previous release while a fleet rolls; the next release drops it.
+CREATE INDEX jobs_fetch_free_idx ON atlantis.jobs (queue, priority, run_at, id)
     WHERE state = 'available' AND limit_group IS NULL;
 -- Waiting rows of limited jobs, by priority and group: the claim of limited rows walks the
 -- groups of each priority.
