@@ -55,6 +55,8 @@ LANGUAGE sql AS $$ SELECT NULL::text $$;
 -- One limit that applies to a row (atlantis.row_limits' rows).
 CREATE TYPE atlantis.limit_row AS (key text, kind text, n int, period interval, fields text[],
                                    val jsonb, scope text, label text, whole boolean);
+CREATE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb)
+RETURNS atlantis.limit_row[] LANGUAGE sql AS $$ SELECT '{}'::atlantis.limit_row[] $$;
 CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
                label text, whole boolean)
@@ -63,8 +65,8 @@ LANGUAGE sql AS $$ SELECT NULL::text, NULL::text, 0, NULL::interval, NULL::text[
 CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[],
                                        val jsonb, whole boolean) RETURNS SETOF bigint
 LANGUAGE sql AS $$ SELECT 0::bigint WHERE false $$;
-CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS void
-LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS boolean
+LANGUAGE sql AS $$ SELECT false $$;
 CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
 CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int,
