@@ -184,7 +184,7 @@ def test_status_json_has_every_column_and_the_bounded_error_history(
                    "jsonb_build_object('attempt', %(n)s::int)), error_count = error_count + 1, "
                    "last_error = 'boom ' || %(n)s WHERE id = %(id)s", {"n": n, "id": job_id})
     doc = orjson.loads(tide(db_url, "job", "status", str(job_id), "--json").stdout)
-    assert list(doc) == [*JOB_COLUMNS, *COMPUTED, "attempts"]
+    assert list(doc) == [*JOB_COLUMNS, *COMPUTED, "attempts", "held"]
     assert table_columns(db) <= set(doc)  # a column added to atlantis.jobs must show here
     assert doc["error_count"] == 25 and [e["attempt"] for e in doc["errors"]] == list(range(6, 26))
     assert doc["timeout"] == 30.0 and doc["args"] == {"key": "errs", "value": None}
