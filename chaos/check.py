@@ -431,6 +431,8 @@ def limit_overlaps(h: History) -> tuple[list[str], dict[str, int], int]:
     for job_id, runs in executions(e for e in h.events if e.job_id in h.limited).items():
         account = h.limited[job_id]
         for x in runs:
+            if x.last <= x.start:
+                continue  # killed as it began: only its start recorded, it overlaps nothing
             marks += [(x.start, 1, account, job_id, x.attempt),
                       (x.last, -1, account, job_id, x.attempt)]
     marks.sort(key=lambda m: (m[0], m[1]))

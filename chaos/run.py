@@ -107,14 +107,14 @@ class Producer:
             return
         self._next = now + 0.5
         rows = self.cluster.query(
-            "SELECT (SELECT count(*) FILTER (WHERE job <> 'chaos.Limited'), "
-            "               count(*) FILTER (WHERE job = 'chaos.Limited') "
-            "          FROM atlantis.jobs WHERE state = 'available'), "
+            "SELECT count(*) FILTER (WHERE job <> 'chaos.Limited'), "
+            "       count(*) FILTER (WHERE job = 'chaos.Limited'), "
             "       (SELECT count(*) FROM atlantis.workflow_instances "
-            "         WHERE state IN ('running', 'compensating'))")
+            "         WHERE state IN ('running', 'compensating')) "
+            "  FROM atlantis.jobs WHERE state = 'available'")
         if rows is None:
             return
-        (waiting, held), going = rows[0]
+        waiting, held, going = rows[0]
         flows = [self.workflow_args() for _ in range(min(4, max(0, WORKFLOWS - going)))]
         work: list[dict[str, Any]] = []
         doomed: list[dict[str, Any]] = []

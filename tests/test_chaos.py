@@ -259,8 +259,12 @@ def test_a_limit_exceeded_is_reported_with_its_key_time_and_count() -> None:
     assert any(x.startswith("account a0: 3 executions at once at 2026-01-01T00:00:00.900000")
                and "(limit 2)" in x and "33#1" in x for x in result.examples)
     assert any("4 executions at once in all" in x and "(limit 3)" in x for x in result.examples)
-    # An execution cut short counts until its last event: a start after it is no overlap.
+    # An execution cut short counts until its last event: a start after it is no overlap,
+    # nor beside one killed before any event but its start.
     assert LIMIT not in failed(limited_history())
+    killed = [*limited_history().events, *run_events(36, 1, "l6", 0.7, end="")]
+    assert LIMIT not in failed(limited_history(events=killed, limited={
+        **limited_history().limited, 36: "a0"}))
     # The database's side: a sample over a limit fails even when no interval shows it.
     over = limited_history(samples=[LimitSample(at(1.0), {"a0": 3}),
                                     LimitSample(at(1.1), {"a0": 2, "a1": 2})])
