@@ -427,36 +427,35 @@ def limit_overlaps(h: History) -> tuple[list[str], dict[str, int], int]:
     """Violations seen in the handlers' intervals of ``chaos.Limited``: (messages, peak
     per account, peak in all). A sweep over starts and ends; at equal instants an end
     comes first (the intervals are taken as half-open)."""
-    marks: list[tuple[datetime, int, str, int, int]] = []  # (at, +1/-1, account, job, attempt)
+    marks: list[tuple[datetime, int, str, str, str]] = []  # (at, +1/-1, account, run, job#attempt)
     for job_id, runs in executions(e for e in h.events if e.job_id in h.limited).items():
         account = h.limited[job_id]
         for x in runs:
             if x.last <= x.start:
                 continue  # killed as it began: only its start recorded, it overlaps nothing
-            marks += [(x.start, 1, account, job_id, x.attempt),
-                      (x.last, -1, account, job_id, x.attempt)]
+            marks += [(x.start, 1, account, x.run, f"{job_id}#{x.attempt}"),
+                      (x.last, -1, account, x.run, f"{job_id}#{x.attempt}")]
     marks.sort(key=lambda m: (m[0], m[1]))
-    running: dict[str, dict[tuple[int, int], None]] = defaultdict(dict)
-    everyone: dict[tuple[int, int], str] = {}
+    running: dict[str, dict[str, str]] = defaultdict(dict)  # account -> run -> job#attempt
+    everyone: dict[str, tuple[str, str]] = {}  # run -> (job#attempt, account)
     peak: Counter[str] = Counter()
     peak_all = 0
     bad: list[str] = []
-    for at_, step, account, job_id, attempt in marks:
-        who = (job_id, attempt)
+    for at_, step, account, run, name in marks:
         if step < 0:
-            running[account].pop(who, None)
-            everyone.pop(who, None)
+            running[account].pop(run, None)
+            everyone.pop(run, None)
             continue
-        running[account][who] = None
-        everyone[who] = account
+        running[account][run] = name
+        everyone[run] = (name, account)
         peak[account] = max(peak[account], len(running[account]))
         peak_all = max(peak_all, len(everyone))
         if len(running[account]) > h.per_account:
-            jobs = ", ".join(f"{j}#{a}" for j, a in running[account])
+            jobs = ", ".join(running[account].values())
             bad.append(f"account {account}: {len(running[account])} executions at once at "
                        f"{_at(at_)} (limit {h.per_account}): jobs {jobs}")
         if len(everyone) > h.in_all:
-            jobs = ", ".join(f"{j}#{a} ({acc})" for (j, a), acc in everyone.items())
+            jobs = ", ".join(f"{n} ({acc})" for n, acc in everyone.values())
             bad.append(f"{len(everyone)} executions at once in all at {_at(at_)} "
                        f"(limit {h.in_all}): jobs {jobs}")
     return bad, dict(peak), peak_all
