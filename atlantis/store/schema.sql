@@ -789,7 +789,8 @@ CREATE VIEW atlantis.job_rows AS
     workflow_id,
     step,
     compensation,
-    result
+    result,
+    limit_group
    FROM atlantis.jobs j;
 
 --
