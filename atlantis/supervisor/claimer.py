@@ -155,6 +155,7 @@ class Claimer(Service):
         jobs = self.jobs()
         limited = bool(rt.limited_jobs.intersection(jobs)
                        or rt.limited_queues.intersection(queues))
+        rt.claims_ahead = not limited
         ahead = 0 if limited else self._ahead()
         # Without limits of its own, a supervisor still looks for limited rows once a poll:
         # rows marked by limits declared in a newer app, or by a queue limit just removed.

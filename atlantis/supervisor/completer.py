@@ -1,7 +1,9 @@
 """The completer: outcomes of attempts written in batches, one statement for many.
 
 An attempt's end is recorded in the ledger (:meth:`Ledger.end`) and written here with the
-next batch. A batch the server refuses because of its data (a value no column accepts) is
+next batch. While the claimer holds no rows ahead (it serves limited jobs), results come one
+child at a time: a write waits ``finish_linger`` (2 ms) for a few more to share its commit.
+A batch the server refuses because of its data (a value no column accepts) is
 retried row by row: the rows that pass are written, and an offending row is written again
 reduced to a plain failure with its text cleaned; only if even that is refused is the row
 left to its lease (it will be rescued). A batch that fails for any other reason is an
@@ -54,6 +56,12 @@ class Completer(Service):
             self.flush.clear()
             if not self.ledger.ended:
                 continue
+            linger = self.rt.settings.finish_linger
+            if not self.rt.claims_ahead and linger and len(self.ledger.ended) < 8 \
+                    and not self.rt.draining:
+                # No rows held ahead: results come one child at a time. A moment's wait lets
+                # a few share one write (one commit), as claiming ahead batches them.
+                await asyncio.sleep(linger)
             # At most --finish-batch a statement: a backlog of results (after a stall) goes out
             # in several, each as quick to write and to retry as a usual one.
             batch = self.ledger.take_ended(self.rt.settings.finish_batch)

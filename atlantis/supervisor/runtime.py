@@ -42,6 +42,9 @@ class Runtime:
     """Served queues with a queue-wide concurrency limit (tide queue limit)."""
     limited_jobs: frozenset[str] = frozenset()
     """Jobs of the app that declare limits (concurrency, rate)."""
+    claims_ahead: bool = True
+    """Whether the claimer may hold rows ahead (not while it serves limited jobs or queues):
+    when it may not, the completer lingers a little to batch results."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Wakes the claimer: a child became idle, work was announced, the database is back."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -128,6 +128,9 @@ class Settings:
                                    "this is given back; rows are claimed ahead only while "
                                    "attempts typically take under half of it.",
                                    default=1.0, hidden=True)
+    finish_linger: float = _opt("duration", "While it claims nothing ahead (it serves limited "
+                                "jobs), results wait this long for others to share their "
+                                "write (0: never).", default=0.002, hidden=True)
     schedule_interval: float = _opt("duration", "How often schedules are checked for a due slot.",
                                     default=1.0, hidden=True)
     schedule_grace: float = _opt("duration", "A schedule slot already later than this when a "
