@@ -1860,7 +1860,11 @@ REVOKE ALL ON FUNCTION atlantis.limit_claim() FROM PUBLIC;
 -- Claim up to `n` due rows of limited jobs (jobs.limit_group set) of `jobs` on `queues`, for
 -- idle children only (never ahead). Priority first; among equal priority the groups take
 -- turns: each group's due rows are ranked, and candidates are tried in the order (priority,
--- rank in group, run_at, id), one statement each, the trigger deciding. A group (or job,
+-- rank in group, turn, run_at, id), one statement each, the trigger deciding. The turn goes
+-- round the groups across calls too: the session remembers the group it claimed last
+-- (atlantis.limit_turn), and the groups after it come first (a claimer claiming one row a
+-- time, as a child comes free, would otherwise always take the oldest group's head: one key
+-- with 10,000 rows waiting would starve a key with one). A group (or job,
 -- or queue) whose limit refused a row is skipped for the rest of the call: no row waits
 -- behind a full limit. The groups are found by one index probe each (a loose scan of
 -- jobs_limited_idx). Returns the claimed rows as the `claim` query does, then one row with
@@ -1881,6 +1885,8 @@ DECLARE
     skip_queues text[] := '{}';
     scope text;
     wake text;
+    turn text := coalesce(current_setting('atlantis.limit_turn', true), '');
+    served text;
 BEGIN
     PERFORM set_config('atlantis.limit_wake', '', true);
     FOR cand IN
@@ -1910,7 +1916,8 @@ BEGIN
         )
         SELECT heads.*, row_number() OVER (PARTITION BY cq, cgrp, cpri ORDER BY crun, cid) AS rn
           FROM heads
-         ORDER BY cpri, rn, crun, cid
+         ORDER BY cpri, rn, (cq || E'\x1f' || cgrp) COLLATE "C" <= turn,
+                  (cq || E'\x1f' || cgrp) COLLATE "C", crun, cid
     LOOP
         EXIT WHEN got >= claim_limited.n;
         CONTINUE WHEN cand.cq = ANY (skip_queues)
@@ -1938,6 +1945,7 @@ BEGIN
         SELECT * FROM claimed;
         IF FOUND THEN
             got := got + 1;
+            served := cand.cq || E'\x1f' || cand.cgrp;
         ELSE
             scope := current_setting('atlantis.limit_refused', true);
             IF scope = 'queue' THEN
@@ -1953,6 +1961,9 @@ BEGIN
             END IF;  -- otherwise claimed by another meanwhile
         END IF;
     END LOOP;
+    IF served IS NOT NULL THEN
+        PERFORM set_config('atlantis.limit_turn', served, false);
+    END IF;
     wake := nullif(current_setting('atlantis.limit_wake', true), '');
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int,
                         NULL::int, NULL::boolean, NULL::float8, NULL::float8, NULL::float8,
