@@ -1,5 +1,6 @@
-"""The benchmark's app: a no-op handler, so the numbers measure atlantis itself, and a
-sleeping one for the many-leases run (heartbeat 3 s)."""
+"""The benchmark's apps: a no-op handler, so the numbers measure atlantis itself, and a
+sleeping one for the many-leases run (heartbeat 3 s); and, apart (``limited``), the no-op
+job under a concurrency limit, for ``python -m benchmarks.limits``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import atlantis
 
 registry = atlantis.Registry.from_atl("bench.atl")
 
+limited = atlantis.Registry.from_atl("limited.atl")
+"""``bench.NoopPerAccount`` (``concurrency 1 by account``) alone: a supervisor serving a
+limited job claims nothing ahead, which the plain benchmarks must not pay."""
+
 
 @registry.handler("bench.Noop")
 def noop(ctx: atlantis.JobContext, args: Any) -> None:
+    return None
+
+
+@limited.handler("bench.NoopPerAccount")
+def noop_per_account(ctx: atlantis.JobContext, args: Any) -> None:
     return None
 
 

@@ -24,7 +24,7 @@ from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
 
 
 def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:
-    return conn.execute(Q.claim, {"queues": ["tests"], "jobs": ["tests.Echo", "tests.Fail"],
+    return conn.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo", "tests.Fail"],
                                   "limit": limit, "worker": worker}).fetchall()
 
 
@@ -379,10 +379,10 @@ def test_claim_orders_by_priority_across_queues(db: psycopg.Connection[Any]) -> 
     other = atlantis.enqueue(db, "tests.Echo", {"key": "other"}, queue="second", priority=-1)
     high = atlantis.enqueue(db, "tests.Echo", {"key": "high"}, priority=0)
     later = atlantis.enqueue(db, "tests.Echo", {"key": "later"}, priority=-9, delay=3600)
-    rows = db.execute(Q.claim, {"queues": ["tests", "second"], "jobs": ["tests.Echo"],
+    rows = db.execute(Q.claim, {"limited": [], "queues": ["tests", "second"], "jobs": ["tests.Echo"],
                                 "limit": 2, "worker": "w1"}).fetchall()
     assert [r[0] for r in rows] == [other, high]
-    rows = db.execute(Q.claim, {"queues": ["tests", "second"], "jobs": ["tests.Echo"],
+    rows = db.execute(Q.claim, {"limited": [], "queues": ["tests", "second"], "jobs": ["tests.Echo"],
                                 "limit": 5, "worker": "w1"}).fetchall()
     assert [r[0] for r in rows] == [low]  # the delayed one waits for its run_at
     assert job_row(db, later)["state"] == "available"

@@ -6,6 +6,7 @@ the store."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import orjson
 import pytest
@@ -337,3 +338,10 @@ def test_the_fields_are_checked_wherever_args_is_written() -> None:
     with pytest.raises(DeclarationError) as info:
         parse_atl("job J in ns {\n  concurrency 1 by a\n}\n", "jobs.atl")
     assert str(info.value) == "jobs.atl:2:20: concurrency by field 'a' is not declared in args"
+
+
+def test_the_bad_input_table_quotes_every_refusal() -> None:
+    """docs/bad-input.md quotes each refusal above word for word (its rows name these ids)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "bad-input.md").read_text("utf-8")
+    missing = [str(case.values[1]) for case in BAD if f"`{case.values[1]}`" not in text]
+    assert not missing, "docs/bad-input.md lacks:\n" + "\n".join(missing)

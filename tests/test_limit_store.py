@@ -68,9 +68,10 @@ def claim_limited(db: psycopg.Connection[Any], n: int, *, jobs: list[str] | None
                   queues: tuple[str, ...] = ("lim",), worker: str = "w1"
                   ) -> tuple[list[int], float | None]:
     found = db.execute(Q.claim_limited, {"queues": list(queues), "jobs": jobs or ["t.Lim"],
-                                         "worker": worker, "limit": n}).fetchall()
+                                         "worker": worker, "limit": n, "after": None}
+                       ).fetchall()
     assert found[-1][0] is None  # the hint row
-    return [r[0] for r in found[:-1]], found[-1][-1]
+    return [r[0] for r in found[:-1]], found[-1][-2]
 
 
 def old_claim(db: psycopg.Connection[Any], n: int, jobs: list[str] | None = None) -> list[int]:
@@ -175,6 +176,23 @@ def test_groups_take_turns_within_a_priority(db: psycopg.Connection[Any]) -> Non
     urgent = enqueue(db, "t.Lim", ["big"], priority=-1)
     got, _ = claim_limited(db, 1)
     assert got == urgent
+
+
+def test_groups_rotate_across_claims(db: psycopg.Connection[Any]) -> None:
+    """More groups than one call looks at (2n + 4, at least 8): each call starts after the
+    group the last one looked at, so every group gets its turn before any gets a second."""
+    declare(db, "t.Lim", [{"kind": "concurrency", "n": 100, "by": ["account_id"]}])
+    for k in range(30):
+        enqueue(db, "t.Lim", [f"a{k:02}"] * 3)
+    after = None
+    order: list[str] = []
+    for _ in range(30):
+        found = db.execute(Q.claim_limited, {"queues": ["lim"], "jobs": ["t.Lim"],
+                                             "worker": "w1", "limit": 1, "after": after}
+                           ).fetchall()
+        order += [account(db, r[0]) for r in found[:-1]]
+        after = found[-1][-1]
+    assert sorted(order) == [f"a{k:02}" for k in range(30)]
 
 
 def test_a_row_scheduled_later_does_not_hold_its_key(db: psycopg.Connection[Any]) -> None:

@@ -161,7 +161,7 @@ def test_a_late_write_of_an_earlier_run_never_lands_on_the_next(
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "fence"})
 
     def claim() -> dict[str, Any]:
-        (row,) = db.cursor(row_factory=psycopg.rows.dict_row).execute(Q.claim, {
+        (row,) = db.cursor(row_factory=psycopg.rows.dict_row).execute(Q.claim, {"limited": [],
             "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker}).fetchall()
         return row
 
@@ -266,7 +266,7 @@ def test_a_cancelled_row_given_back_unrun_names_who_cancelled(db: psycopg.Connec
     release_orphans ends it cancelled, saying who, as every other way does."""
     worker = "host-a:4242:0badc0de"
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "orphan"})
-    assert len(db.execute(Q.claim, {"queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1,
+    assert len(db.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1,
                                     "worker": worker}).fetchall()) == 1
     assert atlantis.cancel(db, job_id, by="carol") == "running"
     assert db.execute(Q.release_orphans, {"worker": worker, "known": []}).fetchall() == [(job_id,)]

@@ -1069,7 +1069,8 @@ $$;
 REVOKE ALL ON FUNCTION atlantis.queue_counts(bigint) FROM PUBLIC;
 
 -- The run_at of the queue's oldest due job, by one index probe per distinct priority in
--- jobs_fetch_idx (queue, priority, run_at, id).
+-- jobs_fetch_free_idx (queue, priority, run_at, id), which holds the rows no limit applies to;
+-- the rows of limited jobs (jobs_limited_idx, ordered by group first) are read in full.
 CREATE OR REPLACE FUNCTION atlantis.oldest_due(q text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, atlantis
@@ -1080,18 +1081,25 @@ DECLARE
     oldest timestamptz;
 BEGIN
     SELECT j.priority INTO p FROM atlantis.jobs j
-     WHERE j.state = 'available' AND j.queue = q ORDER BY j.priority LIMIT 1;
+     WHERE j.state = 'available' AND j.limit_group IS NULL AND j.queue = q
+     ORDER BY j.priority LIMIT 1;
     WHILE p IS NOT NULL LOOP
         SELECT j.run_at INTO first FROM atlantis.jobs j
-         WHERE j.state = 'available' AND j.queue = q AND j.priority = p
+         WHERE j.state = 'available' AND j.limit_group IS NULL AND j.queue = q AND j.priority = p
          ORDER BY j.run_at LIMIT 1;
         IF first <= now() AND (oldest IS NULL OR first < oldest) THEN
             oldest := first;
         END IF;
         SELECT j.priority INTO p FROM atlantis.jobs j
-         WHERE j.state = 'available' AND j.queue = q AND j.priority > p
+         WHERE j.state = 'available' AND j.limit_group IS NULL AND j.queue = q AND j.priority > p
          ORDER BY j.priority LIMIT 1;
     END LOOP;
+    SELECT min(j.run_at) INTO first FROM atlantis.jobs j
+     WHERE j.state = 'available' AND j.limit_group IS NOT NULL AND j.queue = q
+       AND j.run_at <= now();
+    IF first < oldest OR oldest IS NULL THEN
+        oldest := first;
+    END IF;
     RETURN oldest;
 END
 $$;
@@ -1685,15 +1693,43 @@ $$;
 -- the row `available`, untouched: the claim statement does not return it.
 
 -- The canonical values of `by` fields of `args` (as unique keys take them), a JSON array.
+-- PL/pgSQL of simple expressions: its plans are kept, and it runs for every running row a
+-- limit counts.
 CREATE OR REPLACE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[])
 RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(jsonb_agg(atlantis.canonical_value(
-                                  d->>'type', coalesce((d->>'array')::boolean, false),
-                                  args->(d->>'name'))
-                              ORDER BY array_position(by, d->>'name')), '[]'::jsonb)
-      FROM jsonb_array_elements(decl.fields) AS d
-     WHERE d->>'name' = ANY (by)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    out jsonb := '[]';
+    f text;
+    d jsonb;
+BEGIN
+    FOREACH f IN ARRAY coalesce(by, '{}') LOOP
+        d := jsonb_path_query_first(decl.fields, '$[*] ? (@.name == $n)',
+                                    jsonb_build_object('n', f));
+        out := out || jsonb_build_array(atlantis.canonical_value(
+            d->>'type', coalesce((d->>'array')::boolean, false), args->f));
+    END LOOP;
+    RETURN out;
+END
+$$;
+
+-- The `by` fields of every limit of `limits`, in order of first appearance: what a row's
+-- group is made of.
+CREATE OR REPLACE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    every jsonb := jsonb_path_query_array(coalesce(limits, '[]'), '$[*].by[*]');
+    out text[] := '{}';
+    f text;
+BEGIN
+    FOR i IN 0 .. jsonb_array_length(every) - 1 LOOP
+        f := every->>i;
+        IF NOT f = ANY (out) THEN
+            out := out || f;
+        END IF;
+    END LOOP;
+    RETURN out;
+END
 $$;
 
 -- A row's group (jobs.limit_group): NULL when no limit applies, else the values of every
@@ -1707,12 +1743,8 @@ BEGIN
     IF decl.job IS NULL OR jsonb_array_length(decl.limits) = 0 THEN
         RETURN CASE WHEN queue_limited THEN '' END;
     END IF;
-    SELECT array_agg(f ORDER BY first) INTO fields FROM (
-        SELECT b.f, min(l.i * 1000 + b.j) AS first
-          FROM jsonb_array_elements(decl.limits) WITH ORDINALITY AS l(x, i)
-         CROSS JOIN LATERAL jsonb_array_elements_text(l.x->'by') WITH ORDINALITY AS b(f, j)
-         GROUP BY b.f) s;
-    IF fields IS NULL THEN
+    fields := atlantis.limit_fields(decl.limits);
+    IF cardinality(fields) = 0 THEN
         RETURN '';
     END IF;
     RETURN atlantis.limit_value(decl, args, fields)::text;
@@ -1735,10 +1767,12 @@ $$;
 -- The limits that apply to a row of `decl` on queue `q` with `args` now, one row each:
 -- its key (what the advisory lock and atlantis.limit_starts are keyed on), kind, N, period
 -- (rate), `by` fields and their values, scope (`group`: one of the row's by-values;
--- `job`: all of its job; `queue`: all of its queue) and the label operators read.
+-- `job`: all of its job; `queue`: all of its queue), the label operators read, and whether
+-- its `by` fields are all of the group's (`whole`: rows of the same key have the same
+-- limit_group).
 CREATE OR REPLACE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
-               label text)
+               label text, whole boolean)
 LANGUAGE sql STABLE AS $$
     SELECT decl.job || ' ' || (l.x->>'kind')
                || CASE WHEN b.fields = '{}' THEN ''
@@ -1759,7 +1793,8 @@ LANGUAGE sql STABLE AS $$
                                                   THEN v.val->>(i::int - 1)
                                                   ELSE (v.val->(i::int - 1))::text END,
                                                   ', ' ORDER BY i)
-                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END
+                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END,
+           b.fields = atlantis.limit_fields(decl.limits)
       FROM jsonb_array_elements(coalesce(decl.limits, '[]')) AS l(x)
      CROSS JOIN LATERAL (SELECT coalesce(array_agg(f), '{}') AS fields
                            FROM jsonb_array_elements_text(l.x->'by') AS f) b
@@ -1767,21 +1802,29 @@ LANGUAGE sql STABLE AS $$
      WHERE decl.job IS NOT NULL
     UNION ALL
     SELECT 'queue ' || qq.name, 'concurrency', qq.concurrency, NULL::interval, '{}'::text[],
-           '[]'::jsonb, 'queue', 'queue ' || qq.name || ' concurrency ' || qq.concurrency
+           '[]'::jsonb, 'queue', 'queue ' || qq.name || ' concurrency ' || qq.concurrency, false
       FROM atlantis.queues qq
      WHERE qq.name = q AND qq.concurrency IS NOT NULL
 $$;
 
 -- The running rows a concurrency limit counts: of the queue (scope `queue`), or of the
--- job with the same values of `by` (none: all of the job's).
+-- job with the same values of `by` (none: all of the job's). When the limit's `by` fields
+-- make the whole group (`whole`), its rows are found by their limit_group
+-- (jobs_limited_running_idx); otherwise each running row of the job is compared.
 CREATE OR REPLACE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text,
-                                                  by text[], val jsonb) RETURNS SETOF bigint
+                                                  by text[], val jsonb, whole boolean)
+RETURNS SETOF bigint
 LANGUAGE sql STABLE AS $$
     SELECT r.id FROM atlantis.jobs r
      WHERE scope = 'queue' AND r.state = 'running' AND r.queue = q
     UNION ALL
     SELECT r.id FROM atlantis.jobs r
-     WHERE scope <> 'queue' AND r.state = 'running' AND r.limit_group IS NOT NULL
+     WHERE scope <> 'queue' AND whole AND r.state = 'running' AND r.limit_group IS NOT NULL
+       AND r.job = decl.job AND r.limit_group = CASE WHEN cardinality(by) = 0 THEN ''
+                                                     ELSE val::text END
+    UNION ALL
+    SELECT r.id FROM atlantis.jobs r
+     WHERE scope <> 'queue' AND NOT whole AND r.state = 'running' AND r.limit_group IS NOT NULL
        AND r.job = decl.job
        AND (cardinality(by) = 0 OR atlantis.limit_value(decl, r.args, by) = val)
 $$;
@@ -1812,23 +1855,27 @@ CREATE OR REPLACE FUNCTION atlantis.limit_claim() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     decl atlantis.job_types;
-    l record;
+    ls atlantis.limit_row[];
+    l atlantis.limit_row;
     c timestamptz;
     cnt bigint;
     frees timestamptz;
     rated boolean := false;
 BEGIN
     SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = NEW.job;
-    FOR l IN SELECT * FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r ORDER BY r.key LOOP
+    ls := ARRAY(SELECT r::atlantis.limit_row FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r
+                 ORDER BY r.key);
+    FOREACH l IN ARRAY ls LOOP
         IF NOT pg_try_advisory_xact_lock(1635019891, hashtext(l.key)) THEN
             PERFORM atlantis.limit_refuse(l.scope, clock_timestamp() + interval '25 milliseconds');
             RETURN NULL;
         END IF;
     END LOOP;
     c := clock_timestamp();
-    FOR l IN SELECT * FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r ORDER BY r.key LOOP
+    FOREACH l IN ARRAY ls LOOP
         IF l.kind = 'concurrency' THEN
-            SELECT count(*) INTO cnt FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val);
+            SELECT count(*) INTO cnt
+              FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val, l.whole);
             IF cnt >= l.n THEN
                 PERFORM atlantis.limit_refuse(l.scope, NULL);
                 RETURN NULL;
@@ -1843,6 +1890,10 @@ BEGIN
                 PERFORM atlantis.limit_refuse(l.scope, frees);
                 RETURN NULL;
             END IF;
+        END IF;
+    END LOOP;
+    FOREACH l IN ARRAY ls LOOP
+        IF l.kind = 'rate' THEN
             INSERT INTO atlantis.limit_starts (key, job_id, at, until)
             VALUES (l.key, NEW.id, c, c + l.period);
             rated := true;
@@ -1851,125 +1902,160 @@ BEGIN
     IF rated THEN
         NEW.started_at := c;
     END IF;
-    NEW.limit_group := coalesce(atlantis.limit_group(decl, NEW.args, true), '');
+    IF NEW.limit_group = '' THEN  -- marked by a claim or a queue limit: its real group
+        NEW.limit_group := coalesce(atlantis.limit_group(decl, NEW.args, true), '');
+    END IF;
     RETURN NEW;
 END
 $$;
 REVOKE ALL ON FUNCTION atlantis.limit_claim() FROM PUBLIC;
 
 -- Claim up to `n` due rows of limited jobs (jobs.limit_group set) of `jobs` on `queues`, for
--- idle children only (never ahead). Priority first; among equal priority the groups take
--- turns: each group's due rows are ranked, and candidates are tried in the order (priority,
--- rank in group, turn, run_at, id), one statement each, the trigger deciding. The turn goes
--- round the groups across calls too: the session remembers the group it claimed last
--- (atlantis.limit_turn), and the groups after it come first (a claimer claiming one row a
--- time, as a child comes free, would otherwise always take the oldest group's head: one key
--- with 10,000 rows waiting would starve a key with one). A group (or job,
--- or queue) whose limit refused a row is skipped for the rest of the call: no row waits
--- behind a full limit. The groups are found by one index probe each (a loose scan of
--- jobs_limited_idx). Returns the claimed rows as the `claim` query does, then one row with
--- a NULL id whose wake_in says in how many seconds a claim should be tried again (a rate
--- window frees, or a key's lock was taken), or NULL.
-CREATE OR REPLACE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int)
+-- idle children only (never ahead). Priority first. Within a priority the groups take turns:
+-- passes over the groups, one row of each per pass, while a pass claims something. The
+-- groups are found by index probes of jobs_limited_idx (queue, priority, limit_group, ...),
+-- at most `span` a priority and call, starting after `after` (the last group the previous
+-- call looked at: the groups rotate across calls, whatever their number) and wrapping
+-- around. A group (job, queue) whose limit refused a row is skipped for the rest of the call:
+-- no row waits behind a full limit. Returns the claimed rows as the `claim` query does, then
+-- one row with a NULL id: `wake_in`, in how many seconds to claim again (a rate window
+-- frees, a key's lock was taken, or groups were left unlooked at; NULL: nothing to wait
+-- for), and `cursor`, the `after` of the next call.
+CREATE OR REPLACE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int,
+                                                  after text DEFAULT NULL)
 RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
                max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
                backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
-               wake_in float8)
+               wake_in float8, cursor text)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    cand record;
+    span int := greatest(2 * claim_limited.n + 4, 8);
+    q text;
+    p int;
+    groups text[];
+    grp text;
+    cid bigint;
+    cjob text;
     got int := 0;
-    skip_groups text[] := '{}';
+    progress boolean;
+    skip_groups text[];
     skip_jobs text[] := '{}';
-    skip_queues text[] := '{}';
+    queue_full boolean;
     scope text;
     wake text;
-    turn text := coalesce(current_setting('atlantis.limit_turn', true), '');
-    served text;
+    last text := claim_limited.after;
 BEGIN
     PERFORM set_config('atlantis.limit_wake', '', true);
-    FOR cand IN
-        WITH RECURSIVE g(q, grp) AS (
-            SELECT u.q, (SELECT x.limit_group FROM atlantis.jobs x
-                          WHERE x.state = 'available' AND x.limit_group IS NOT NULL
-                            AND x.queue = u.q
-                          ORDER BY x.limit_group LIMIT 1)
-              FROM unnest(claim_limited.queues) AS u(q)
-            UNION ALL
-            SELECT g.q, (SELECT x.limit_group FROM atlantis.jobs x
-                          WHERE x.state = 'available' AND x.limit_group IS NOT NULL
-                            AND x.queue = g.q AND x.limit_group > g.grp
-                          ORDER BY x.limit_group LIMIT 1)
-              FROM g WHERE g.grp IS NOT NULL
-        ), heads AS (
-            SELECT h.* FROM g CROSS JOIN LATERAL (
-                SELECT x.id AS cid, x.queue AS cq, x.job AS cjob, x.limit_group AS cgrp,
-                       x.priority AS cpri, x.run_at AS crun
-                  FROM atlantis.jobs x
-                 WHERE x.state = 'available' AND x.limit_group IS NOT NULL
-                   AND x.queue = g.q AND x.limit_group = g.grp AND x.run_at <= now()
-                   AND x.job = ANY (claim_limited.jobs)
-                 ORDER BY x.priority, x.run_at, x.id
-                 LIMIT greatest(claim_limited.n, 1)) h
-             WHERE g.grp IS NOT NULL
-        )
-        SELECT heads.*, row_number() OVER (PARTITION BY cq, cgrp, cpri ORDER BY crun, cid) AS rn
-          FROM heads
-         ORDER BY cpri, rn, (cq || E'\x1f' || cgrp) COLLATE "C" <= turn,
-                  (cq || E'\x1f' || cgrp) COLLATE "C", crun, cid
-    LOOP
+    FOREACH q IN ARRAY claim_limited.queues LOOP
         EXIT WHEN got >= claim_limited.n;
-        CONTINUE WHEN cand.cq = ANY (skip_queues)
-                   OR (cand.cq || E'\x1f' || cand.cjob) = ANY (skip_jobs)
-                   OR (cand.cq || E'\x1f' || cand.cgrp) = ANY (skip_groups);
-        PERFORM set_config('atlantis.limit_refused', '', true);
-        RETURN QUERY
-        WITH claimed AS (
-            UPDATE atlantis.jobs j
-               SET state = 'running', attempt = j.attempt + 1, claimed_by = claim_limited.worker,
-                   claimed_until = now() + j.heartbeat, started_at = now(),
-                   progress_history = '[]', limit_group = coalesce(j.limit_group, '')
-             WHERE j.id = (SELECT x.id FROM atlantis.jobs x
-                            WHERE x.id = cand.cid AND x.state = 'available'
-                              AND x.run_at <= now()
-                              FOR UPDATE SKIP LOCKED)
-            RETURNING j.id, j.job, j.queue, j.args::text, j.run, j.attempt, j.max_attempts,
-                      j.cancel_requested_at IS NOT NULL, extract(epoch FROM j.timeout)::float8,
-                      extract(epoch FROM j.heartbeat)::float8,
-                      extract(epoch FROM j.backoff)::float8, now() + j.timeout, j.workflow_id,
-                      CASE WHEN j.workflow_id IS NULL THEN NULL
-                           ELSE atlantis.step_context(j.id)::text END,
-                      NULL::float8
-        )
-        SELECT * FROM claimed;
-        IF FOUND THEN
-            got := got + 1;
-            served := cand.cq || E'\x1f' || cand.cgrp;
-        ELSE
-            scope := current_setting('atlantis.limit_refused', true);
-            IF scope = 'queue' THEN
-                skip_queues := skip_queues || cand.cq;
-            ELSIF scope = 'job' THEN
-                skip_jobs := skip_jobs || (cand.cq || E'\x1f' || cand.cjob);
-            ELSIF scope = 'group' THEN
-                skip_groups := skip_groups || (cand.cq || E'\x1f' || cand.cgrp);
-            ELSIF EXISTS (SELECT 1 FROM atlantis.jobs x
-                           WHERE x.id = cand.cid AND x.state = 'available') THEN
-                -- Locked by a claim under way, which may yet give it back: look again soon.
-                PERFORM atlantis.limit_refuse('', clock_timestamp() + interval '25 milliseconds');
-            END IF;  -- otherwise claimed by another meanwhile
-        END IF;
+        queue_full := false;
+        SELECT x.priority INTO p FROM atlantis.jobs x
+         WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
+         ORDER BY x.priority LIMIT 1;
+        WHILE p IS NOT NULL AND got < claim_limited.n AND NOT queue_full LOOP
+            groups := ARRAY(
+                WITH RECURSIVE r(g, k) AS (
+                    SELECT (SELECT x.limit_group FROM atlantis.jobs x
+                             WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                               AND x.queue = q AND x.priority = p
+                               AND (claim_limited.after IS NULL OR x.limit_group > claim_limited.after)
+                             ORDER BY x.limit_group LIMIT 1), 1
+                    UNION ALL
+                    SELECT (SELECT x.limit_group FROM atlantis.jobs x
+                             WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                               AND x.queue = q AND x.priority = p AND x.limit_group > r.g
+                             ORDER BY x.limit_group LIMIT 1), r.k + 1
+                      FROM r WHERE r.g IS NOT NULL AND r.k < span
+                )
+                SELECT r.g FROM r WHERE r.g IS NOT NULL ORDER BY r.k);
+            IF cardinality(groups) < span AND claim_limited.after IS NOT NULL THEN
+                groups := groups || ARRAY(  -- wrapped around: the groups up to `after`
+                    WITH RECURSIVE r(g, k) AS (
+                        SELECT (SELECT x.limit_group FROM atlantis.jobs x
+                                 WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                                   AND x.queue = q AND x.priority = p
+                                 ORDER BY x.limit_group LIMIT 1), 1
+                        UNION ALL
+                        SELECT (SELECT x.limit_group FROM atlantis.jobs x
+                                 WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                                   AND x.queue = q AND x.priority = p AND x.limit_group > r.g
+                                 ORDER BY x.limit_group LIMIT 1), r.k + 1
+                          FROM r WHERE r.g IS NOT NULL AND r.k < span - cardinality(groups)
+                    )
+                    SELECT r.g FROM r
+                     WHERE r.g IS NOT NULL AND r.g <= claim_limited.after ORDER BY r.k);
+            END IF;
+            skip_groups := '{}';
+            LOOP  -- a pass: one row of each group
+                progress := false;
+                FOREACH grp IN ARRAY groups LOOP
+                    EXIT WHEN got >= claim_limited.n OR queue_full;
+                    CONTINUE WHEN grp = ANY (skip_groups);
+                    last := grp;
+                    SELECT x.id, x.job INTO cid, cjob FROM atlantis.jobs x
+                     WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
+                       AND x.priority = p AND x.limit_group = grp AND x.run_at <= now()
+                       AND x.job = ANY (claim_limited.jobs) AND NOT x.job = ANY (skip_jobs)
+                     ORDER BY x.run_at, x.id LIMIT 1
+                       FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        skip_groups := skip_groups || grp;  -- nothing due (or free) in it
+                        CONTINUE;
+                    END IF;
+                    PERFORM set_config('atlantis.limit_refused', '', true);
+                    RETURN QUERY
+                    WITH claimed AS (
+                        UPDATE atlantis.jobs j
+                           SET state = 'running', attempt = j.attempt + 1,
+                               claimed_by = claim_limited.worker,
+                               claimed_until = now() + j.heartbeat, started_at = now(),
+                               progress_history = '[]'
+                         WHERE j.id = cid
+                        RETURNING j.id, j.job, j.queue, j.args::text, j.run, j.attempt,
+                                  j.max_attempts, j.cancel_requested_at IS NOT NULL,
+                                  extract(epoch FROM j.timeout)::float8,
+                                  extract(epoch FROM j.heartbeat)::float8,
+                                  extract(epoch FROM j.backoff)::float8, now() + j.timeout,
+                                  j.workflow_id,
+                                  CASE WHEN j.workflow_id IS NULL THEN NULL
+                                       ELSE atlantis.step_context(j.id)::text END,
+                                  NULL::float8, NULL::text
+                    )
+                    SELECT * FROM claimed;
+                    IF FOUND THEN
+                        got := got + 1;
+                        progress := true;
+                    ELSE
+                        scope := current_setting('atlantis.limit_refused', true);
+                        IF scope = 'queue' THEN
+                            queue_full := true;
+                        ELSIF scope = 'job' THEN
+                            skip_jobs := skip_jobs || cjob;
+                        ELSE
+                            skip_groups := skip_groups || grp;
+                        END IF;
+                    END IF;
+                END LOOP;
+                EXIT WHEN NOT progress OR got >= claim_limited.n OR queue_full;
+            END LOOP;
+            IF cardinality(groups) >= span AND got < claim_limited.n THEN
+                -- Groups left unlooked at: the next call (from `last` on) looks at them.
+                PERFORM atlantis.limit_refuse('', clock_timestamp());
+            END IF;
+            SELECT x.priority INTO p FROM atlantis.jobs x
+             WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
+               AND x.priority > p
+             ORDER BY x.priority LIMIT 1;
+        END LOOP;
     END LOOP;
-    IF served IS NOT NULL THEN
-        PERFORM set_config('atlantis.limit_turn', served, false);
-    END IF;
     wake := nullif(current_setting('atlantis.limit_wake', true), '');
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int,
                         NULL::int, NULL::boolean, NULL::float8, NULL::float8, NULL::float8,
                         NULL::timestamptz, NULL::bigint, NULL::text,
                         CASE WHEN wake IS NOT NULL THEN greatest(0, extract(epoch FROM
-                             wake::timestamptz - clock_timestamp()))::float8 END;
+                             wake::timestamptz - clock_timestamp()))::float8 END,
+                        last;
 END
 $$;
 
@@ -2005,7 +2091,7 @@ BEGIN
     SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = j.job;
     FOR l IN SELECT * FROM atlantis.row_limits(decl, j.queue, j.args) r ORDER BY r.key LOOP
         IF l.kind = 'concurrency' THEN
-            ids := ARRAY(SELECT h FROM atlantis.limit_holders(decl, j.queue, l.scope, l.fields, l.val) h
+            ids := ARRAY(SELECT h FROM atlantis.limit_holders(decl, j.queue, l.scope, l.fields, l.val, l.whole) h
                           ORDER BY h);
             IF cardinality(ids) >= l.n THEN
                 out := out || format('waiting for a slot of `%s`: %s running', l.label,

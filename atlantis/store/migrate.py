@@ -111,7 +111,8 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.limit_hold(bigint), atlantis.limits_of(bigint), atlantis.limit_usage(text[]),"
     " atlantis.row_limits(atlantis.job_types, text, jsonb),"
     " atlantis.limit_value(atlantis.job_types, jsonb, text[]),"
-    " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb),"
+    " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean),"
+    " atlantis.limit_fields(jsonb),"
     " atlantis.limit_period_text(interval)"
 )
 _GRANTS: dict[str, LiteralString] = {

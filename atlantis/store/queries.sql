@@ -33,13 +33,12 @@ SELECT atlantis.limit_mark(%(job)s)
 
 -- name: claim
 -- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
--- One index-ordered scan per queue (queue = one value, so jobs_fetch_idx returns rows in
+-- One index-ordered scan per queue (queue = one value, so jobs_fetch_free_idx returns rows in
 -- order and the LIMIT stops it early); `queue = ANY(...)` would sort every waiting row.
--- Rows of the jobs of `limited` (those declaring limits) and rows on a queue with a limit
--- are claim_limited's when marked (limit_group); one not marked yet (enqueued as its limit
--- was being declared) is marked here, so that the limit trigger decides it. A marked row of
--- any other job (its limits are newer than this supervisor's app) keeps its mark: the
--- trigger decides it too.
+-- Rows marked limited (limit_group) are claim_limited's, and not in jobs_fetch_free_idx. A row of
+-- a job of `limited` (those declaring limits), or on a queue with a limit, that is not
+-- marked yet (enqueued as its limit was being declared) is marked here, so that the limit
+-- trigger decides it.
 WITH picked AS MATERIALIZED (
     SELECT j.id, q.limited
       FROM (SELECT u.name, EXISTS (SELECT 1 FROM atlantis.queues l
@@ -48,8 +47,7 @@ WITH picked AS MATERIALIZED (
      CROSS JOIN LATERAL (
             SELECT id, priority, run_at FROM atlantis.jobs
              WHERE state = 'available' AND queue = q.name AND run_at <= now()
-               AND job = ANY(%(jobs)s::text[])
-               AND (limit_group IS NULL OR NOT (q.limited OR job = ANY(%(limited)s::text[])))
+               AND job = ANY(%(jobs)s::text[]) AND limit_group IS NULL
              ORDER BY priority, run_at, id
              LIMIT %(limit)s
                FOR UPDATE SKIP LOCKED
@@ -60,8 +58,7 @@ WITH picked AS MATERIALIZED (
 UPDATE atlantis.jobs j
    SET state = 'running', attempt = j.attempt + 1, claimed_by = %(worker)s,
        claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]',
-       limit_group = CASE WHEN picked.limited OR j.job = ANY(%(limited)s::text[])
-                          THEN coalesce(j.limit_group, '') ELSE j.limit_group END
+       limit_group = CASE WHEN picked.limited OR j.job = ANY(%(limited)s::text[]) THEN '' END
   FROM picked
  WHERE j.id = picked.id
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
@@ -77,8 +74,10 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
 
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
--- NULL id and says when to try again (wake_in, seconds).
-SELECT * FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s)
+-- NULL id and says when to try again (wake_in, seconds) and where the next call starts
+-- (cursor, passed back as `after`).
+SELECT * FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
+                                     %(after)s)
 
 -- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value

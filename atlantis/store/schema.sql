@@ -12,6 +12,22 @@
 CREATE SCHEMA atlantis;
 
 --
+-- Name: limit_row; Type: TYPE; Schema: atlantis; Owner: -
+--
+
+CREATE TYPE atlantis.limit_row AS (
+	key text,
+	kind text,
+	n integer,
+	period interval,
+	fields text[],
+	val jsonb,
+	scope text,
+	label text,
+	whole boolean
+);
+
+--
 -- Name: cancel(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -92,10 +108,10 @@ CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: claim_limited(text[], text[], text, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: claim_limited(text[], text[], text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision)
+CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer, after text DEFAULT NULL::text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text)
     LANGUAGE plpgsql
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
@@ -176,6 +192,14 @@ CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: limit_fields(jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: limit_group(atlantis.job_types, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -192,10 +216,10 @@ CREATE FUNCTION atlantis.limit_hold(job_id bigint) RETURNS text
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: limit_holders(atlantis.job_types, text, text, text[], jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[], val jsonb) RETURNS SETOF bigint
+CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[], val jsonb, whole boolean) RETURNS SETOF bigint
     LANGUAGE sql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
@@ -252,7 +276,7 @@ CREATE FUNCTION atlantis.limit_usage(queues text[]) RETURNS TABLE(queue text, co
 --
 
 CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -371,7 +395,7 @@ CREATE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT CURR
 -- Name: row_limits(atlantis.job_types, text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb) RETURNS TABLE(key text, kind text, n integer, period interval, fields text[], val jsonb, scope text, label text)
+CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb) RETURNS TABLE(key text, kind text, n integer, period interval, fields text[], val jsonb, scope text, label text, whole boolean)
     LANGUAGE sql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
@@ -1048,6 +1072,12 @@ CREATE INDEX attempts_job_idx ON atlantis.attempts USING btree (job_id, id);
 CREATE INDEX console_audit_at_idx ON atlantis.console_audit USING btree (at DESC);
 
 --
+-- Name: jobs_fetch_free_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_fetch_free_idx ON atlantis.jobs USING btree (queue, priority, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NULL));
+
+--
 -- Name: jobs_fetch_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
@@ -1069,13 +1099,13 @@ CREATE INDEX jobs_lease_idx ON atlantis.jobs USING btree (claimed_until) WHERE (
 -- Name: jobs_limited_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE INDEX jobs_limited_idx ON atlantis.jobs USING btree (queue, limit_group, priority, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NOT NULL));
+CREATE INDEX jobs_limited_idx ON atlantis.jobs USING btree (queue, priority, limit_group, run_at, id) WHERE ((state = 'available'::text) AND (limit_group IS NOT NULL));
 
 --
 -- Name: jobs_limited_running_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE INDEX jobs_limited_running_idx ON atlantis.jobs USING btree (job) WHERE ((state = 'running'::text) AND (limit_group IS NOT NULL));
+CREATE INDEX jobs_limited_running_idx ON atlantis.jobs USING btree (job, limit_group) WHERE ((state = 'running'::text) AND (limit_group IS NOT NULL));
 
 --
 -- Name: jobs_state_queue_idx; Type: INDEX; Schema: atlantis; Owner: -

@@ -177,34 +177,37 @@ async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str],
 
 @dataclass(frozen=True, slots=True)
 class LimitedClaim:
-    """What :func:`claim_limited` got: the rows, and when to try again (seconds; None: no
-    need to before the next NOTIFY or poll)."""
+    """What :func:`claim_limited` got: the rows; when to try again (seconds; None: no need
+    to before the next NOTIFY or poll); where the next call starts (its ``after``)."""
 
     rows: list[ClaimedRow]
     wake_in: float | None
+    cursor: str | None
 
 
 async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: list[str],
-                        limit: int, timeout: float) -> LimitedClaim:
+                        limit: int, timeout: float, after: str | None = None) -> LimitedClaim:
     """Claim up to ``limit`` rows of limited jobs (``atlantis.claim_limited``), in a
-    transaction as :func:`claim`; only for children idle now."""
+    transaction as :func:`claim`; only for children idle now. ``after``: the ``cursor`` of
+    the previous call (the groups take turns across calls)."""
     raw = await db.fetch(Q.claim_limited, {
-        "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
+        "queues": queues, "jobs": jobs, "limit": limit, "worker": worker, "after": after,
     }, timeout=timeout, transaction=True)
     rows: list[ClaimedRow] = []
     wake_in: float | None = None
+    cursor: str | None = after
     # The columns of atlantis.claim_limited, in order; the last row has a NULL id.
     for (job_id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout_s,
-         heartbeat, backoff, deadline, workflow_id, workflow, wake) in raw:
+         heartbeat, backoff, deadline, workflow_id, workflow, wake, last) in raw:
         if job_id is None:
-            wake_in = wake
+            wake_in, cursor = wake, last
             continue
         rows.append(ClaimedRow(
             id=job_id, job=job, queue=queue, args=args, attempt=attempt,
             max_attempts=max_attempts, cancel_requested=cancel_requested, timeout=timeout_s,
             heartbeat=heartbeat, backoff=backoff, deadline=deadline, run=run,
             workflow=workflow, workflow_id=workflow_id))
-    return LimitedClaim(rows, wake_in)
+    return LimitedClaim(rows, wake_in, cursor)
 
 
 async def release_orphans(db: Connection, worker: str, known: list[int]) -> list[ReleasedRow]:

@@ -72,6 +72,10 @@ class Claimer(Service):
         """A claim statement is under way."""
         self._stale_at: int | None = None
         """``ledger.attempts_ended`` when held rows last went stale: hold none until it moves."""
+        self._limited_at = -math.inf
+        """When rows of limited jobs were last claimed."""
+        self._cursor: str | None = None
+        """The group the last limited claim looked at last: the next one starts after it."""
         self._wake_at: float | None = None
         """When a limited claim asked to be tried again (a rate window ends, a key frees)."""
 
@@ -150,7 +154,10 @@ class Claimer(Service):
         limited = bool(rt.limited_jobs.intersection(jobs)
                        or rt.limited_queues.intersection(queues))
         ahead = 0 if limited else self._ahead()
-        if limited and idle:
+        # Without limits of its own, a supervisor still looks for limited rows once a poll:
+        # rows marked by limits declared in a newer app, or by a queue limit just removed.
+        if idle and (limited or rt.now() - self._limited_at >= rt.settings.poll_interval):
+            self._limited_at = rt.now()
             idle -= await self._claim_limited(queues, jobs, idle)
         if not idle and len(held) > ahead // 2:
             return  # enough held: top up in batches, not one row per finished attempt
@@ -179,9 +186,10 @@ class Claimer(Service):
         self._claiming = True
         try:
             got = await sql.claim_limited(self.db, rt.worker_id, queues, jobs, idle,
-                                          rt.settings.claim_timeout)
+                                          rt.settings.claim_timeout, self._cursor)
         finally:
             self._claiming = False
+        self._cursor = got.cursor
         t0 = self.db.sent_at
         for row in got.rows:
             self._hold(row, t0)

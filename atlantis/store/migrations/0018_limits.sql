@@ -20,11 +20,17 @@ ALTER TABLE atlantis.queues
 -- among groups.
 ALTER TABLE atlantis.jobs ADD COLUMN limit_group text;
 
--- Waiting rows of limited jobs, by group: the claim of limited rows walks the groups.
-CREATE INDEX jobs_limited_idx ON atlantis.jobs (queue, limit_group, priority, run_at, id)
+-- The claim of rows no limit applies to never meets a limited one: a backlog held by a
+-- limit costs it nothing. jobs_fetch_idx (every waiting row) stays for the claims of
+-- supervisors of the previous release while a fleet rolls; the next release drops it.
+CREATE INDEX jobs_fetch_free_idx ON atlantis.jobs (queue, priority, run_at, id)
+    WHERE state = 'available' AND limit_group IS NULL;
+-- Waiting rows of limited jobs, by priority and group: the claim of limited rows walks the
+-- groups of each priority.
+CREATE INDEX jobs_limited_idx ON atlantis.jobs (queue, priority, limit_group, run_at, id)
     WHERE state = 'available' AND limit_group IS NOT NULL;
 -- Running rows of limited jobs: what a job's concurrency limit counts.
-CREATE INDEX jobs_limited_running_idx ON atlantis.jobs (job)
+CREATE INDEX jobs_limited_running_idx ON atlantis.jobs (job, limit_group)
     WHERE state = 'running' AND limit_group IS NOT NULL;
 
 -- One row per attempt of a rate-limited job started, per rate key, until its window ends.
@@ -40,30 +46,36 @@ CREATE INDEX limit_starts_job_idx ON atlantis.limit_starts (job_id);
 -- The functions, with placeholder bodies: functions.sql defines them.
 CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
 LANGUAGE sql AS $$ SELECT NULL::jsonb $$;
+CREATE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]
+LANGUAGE sql AS $$ SELECT NULL::text[] $$;
 CREATE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb, queue_limited boolean)
 RETURNS text LANGUAGE sql AS $$ SELECT NULL::text $$;
 CREATE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
 LANGUAGE sql AS $$ SELECT NULL::text $$;
+-- One limit that applies to a row (atlantis.row_limits' rows).
+CREATE TYPE atlantis.limit_row AS (key text, kind text, n int, period interval, fields text[],
+                                   val jsonb, scope text, label text, whole boolean);
 CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
-               label text)
+               label text, whole boolean)
 LANGUAGE sql AS $$ SELECT NULL::text, NULL::text, 0, NULL::interval, NULL::text[], NULL::jsonb,
-                          NULL::text, NULL::text WHERE false $$;
+                          NULL::text, NULL::text, false WHERE false $$;
 CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[],
-                                       val jsonb) RETURNS SETOF bigint
+                                       val jsonb, whole boolean) RETURNS SETOF bigint
 LANGUAGE sql AS $$ SELECT 0::bigint WHERE false $$;
 CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS void
 LANGUAGE sql AS $$ SELECT $$;
 CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
-CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int)
+CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int,
+                                       after text DEFAULT NULL)
 RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
                max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
                backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
-               wake_in float8)
+               wake_in float8, cursor text)
 LANGUAGE sql AS $$ SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, 0, 0, 0, false,
                           0::float8, 0::float8, 0::float8, NULL::timestamptz, NULL::bigint,
-                          NULL::text, NULL::float8 WHERE false $$;
+                          NULL::text, NULL::float8, NULL::text WHERE false $$;
 CREATE FUNCTION atlantis.limits_of(job_id bigint)
 RETURNS TABLE (key text, kind text, n int, period interval, label text)
 LANGUAGE sql AS $$ SELECT NULL::text, NULL::text, 0, NULL::interval, NULL::text WHERE false $$;

@@ -1,0 +1,140 @@
+"""The no-op drain under ``concurrency 1 by account`` over 100 accounts, against the same
+drain with no limit, in one run.
+
+    python -m benchmarks.limits [--jobs 20000] [--rounds 2] [--concurrency 8] [--accounts 100]
+
+Each round drains, with ONE supervisor (``--concurrency 8 --isolation reuse``, the target
+table's reuse row, the same for both) on a scratch database of the embedded PostgreSQL
+server, N no-op jobs enqueued before it starts:
+
+- **free**: N ``bench.Noop`` (``benchmarks/bench.atl``, no limit), its app
+  ``benchmarks.app:registry``, as every other benchmark here;
+- **limited**: N ``bench.NoopPerAccount`` (``benchmarks/limited.atl``: ``concurrency 1 by
+  account``), ``account`` taking 100 values in turn, its app ``benchmarks.app:limited``.
+  Every row is marked limited (``jobs.limit_group``), so it is claimed by
+  ``atlantis.claim_limited`` for idle children only (nothing ahead), and turns ``running``
+  through the trigger ``jobs_limit_claim`` (an advisory try-lock on its key, a count of the
+  key's running rows).
+
+Both are measured as ``benchmarks/runs.py`` measures a drain: from the first poll that sees
+a row picked up to the first that sees all done. The rounds take turns (free limited,
+limited free, ...), as the paired rounds of ``benchmarks.compare --pairs`` do, because this
+machine's speed drifts by minutes; the printed ratio is limited jobs/s over free jobs/s,
+per round and their median (issue 21's target: at least 0.5x). Benchmarks, not tests:
+nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import psycopg
+
+import atlantis
+from atlantis.app import load_app
+from atlantis.store import migrate, sync
+from benchmarks.runs import Env, Fill, header, run_drain
+from benchmarks.systems import Result, System, atlantis_system
+from benchmarks.tables import cpu_total, fmt, fmt_rate, fmt_times, markdown, quotient
+
+LIMITED_APP = "benchmarks.app:limited"
+LIMITED_JOB = "bench.NoopPerAccount"
+
+
+def limited_system(free: System) -> System:
+    """The free system's settings, with the limited app: ``runs.start_worker`` passes
+    ``--app benchmarks.app:registry`` first, and the last ``--app`` given wins."""
+    return dataclasses.replace(free, key=f"{free.key}-limited",
+                               worker_args=[*free.worker_args, "--app", LIMITED_APP])
+
+
+def enqueue_limited(accounts: int) -> Fill:
+    def fill(url: str, jobs: int) -> float:
+        """Migrate and sync the limited app, then ``enqueue_many`` N rows, the accounts in
+        turn, 1,000 a transaction: seconds of the inserts."""
+        app = load_app(LIMITED_APP)
+        with psycopg.connect(url) as conn:
+            migrate(conn)
+            sync(conn, list(app.decls.values()))
+            conn.commit()
+            started = time.perf_counter()
+            for first in range(0, jobs, 1000):
+                rows = [{"account": n % accounts, "n": n}
+                        for n in range(first, min(first + 1000, jobs))]
+                atlantis.enqueue_many(conn, LIMITED_JOB, rows)
+                conn.commit()
+            return time.perf_counter() - started
+    return fill
+
+
+
+def run_round(env: Env, free: System, limited: System, jobs: int, accounts: int,
+              order: tuple[str, ...]) -> tuple[Result, Result]:
+    got: dict[str, Result] = {}
+    for which in order:
+        print(f"limits: {which} drain of {jobs:,} jobs ...", file=sys.stderr, flush=True)
+        if which == "free":
+            got[which] = run_drain(env, free, jobs, None, env.atl_version, track_rss=False)
+        else:
+            got[which] = run_drain(env, limited, jobs, None, env.atl_version, track_rss=False,
+                                   fill=enqueue_limited(accounts))
+        print(f"limits:   {fmt_rate(got[which])}", file=sys.stderr, flush=True)
+        time.sleep(1.0)  # let the previous supervisor's processes and the server settle
+    return got["free"], got["limited"]
+
+
+def rounds_table(rounds: list[tuple[Result, Result]]) -> str:
+    rows = [["round", "free jobs/s", "limited jobs/s", "limited ÷ free",
+             "CPU ms per job, free / limited (ratio)", "enqueue rows/s, free / limited",
+             "note"]]
+    for i, (free, limited) in enumerate(rounds, 1):
+        ca, cb = cpu_total(free), cpu_total(limited)
+        rows.append([
+            f"{i} ({'free limited' if i % 2 else 'limited free'})",
+            fmt(free.jobs_per_s, ",.0f", "—"), fmt(limited.jobs_per_s, ",.0f", "—"),
+            fmt_times(quotient(limited.jobs_per_s, free.jobs_per_s)),
+            f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({fmt_times(quotient(cb, ca))})",
+            f"{fmt(free.jobs / free.enqueue_s if free.enqueue_s else None, ',.0f', '—')} / "
+            f"{fmt(limited.jobs / limited.enqueue_s if limited.enqueue_s else None, ',.0f', '—')}",
+            "; ".join(filter(None, [free.note, limited.note]))])
+    got = [r for r in (quotient(b.jobs_per_s, a.jobs_per_s) for a, b in rounds) if r is not None]
+    rows.append(["median", "", "",
+                 f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
+                 if got else "—", "", "", ""])
+    return markdown(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--jobs", type=int, default=20000, help="no-op jobs a drain")
+    parser.add_argument("--rounds", type=int, default=2, help="free and limited drains, in turn")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--accounts", type=int, default=100,
+                        help="values of the limit's key, taken in turn")
+    parser.add_argument("--poll", type=float, default=0.02)
+    parser.add_argument("--timeout", type=float, default=None)
+    opts = parser.parse_args()
+    if min(opts.jobs, opts.rounds, opts.concurrency, opts.accounts) < 1:
+        parser.error("--jobs, --rounds, --concurrency and --accounts must be positive")
+    env = Env(opts.poll, opts.timeout)
+    free = atlantis_system(opts.concurrency)
+    limited = limited_system(free)
+    try:
+        rounds = [run_round(env, free, limited, opts.jobs, opts.accounts,
+                            ("free", "limited") if i % 2 == 0 else ("limited", "free"))
+                  for i in range(opts.rounds)]
+        print("\n" + header(env, f"{opts.jobs:,} no-op jobs under `concurrency 1 by account` "
+                            f"over {opts.accounts:,} accounts against {opts.jobs:,} with no "
+                            f"limit, {free.settings}") + "\n")
+        print(rounds_table(rounds))
+        print(f"\nsupervisor logs: {env.logdir}")
+    finally:
+        env.close()
+
+
+if __name__ == "__main__":
+    main()
