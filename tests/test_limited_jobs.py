@@ -119,9 +119,10 @@ def test_one_per_key_across_supervisors(db: psycopg.Connection[Any], supervise: 
     assert any(overlap(a, b) for a in seen for b in seen if a[0] != b[0])
 
 
-# Each test below was checked to fail with the behaviour broken, in a scratch run never
-# committed: the trigger disabled (ALTER TABLE atlantis.jobs DISABLE TRIGGER jobs_limit_claim,
-# after the template was made), or atlantis.claim_limited replaced as each test's comment says.
+# Each test below was checked to fail with the behaviour broken, in scratch runs never
+# committed: the trigger disabled (ALTER TABLE atlantis.jobs DISABLE TRIGGER jobs_limit_claim
+# in the test's database), or a function of atlantis/store/functions.sql (or the claim of
+# queries.sql) edited as each test's comment says, with the template rebuilt from it.
 
 def test_four_supervisors_200_jobs_over_5_keys_one_at_a_time_per_key(
     db: psycopg.Connection[Any], supervise: Any
@@ -238,31 +239,35 @@ def test_kill_9_of_a_supervisor_holding_a_slot_frees_it_when_the_lease_expires(
 def test_a_one_job_key_beside_a_2000_job_key_is_claimed_within_3_claim_rounds(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # Groups not taking turns (claim_limited ordering its candidates by priority, run_at, id
-    # alone): "small" waits behind the 2,000 rows of "big".
-    # One claim round is one atlantis.claim_limited statement: its rows share the statement's
-    # transaction time as started_at (a row of a job without a rate limit starts at now()),
-    # and another round is another transaction, with another time. So the rounds that
-    # claimed anything until "small" started are the distinct started_at up to its own.
+    # Groups not rotating across claims (claim_limited ignoring `after`, each call starting
+    # from the first group): a claim for one idle child takes a row of "big" every time, and
+    # "small" waited 10 rounds (the other child came free at once once in a while).
+    # One claim round is one atlantis.claim_limited statement, in a transaction of its own:
+    # its rows share that transaction's time as started_at (a job without a rate limit starts
+    # at now()), and another round has another time. So the rounds that claimed something
+    # until "small" was claimed are the distinct started_at up to its own. A round claims for
+    # idle children only, so at most `concurrency` rows: within 3 rounds, "small" is also
+    # among the first 3 x concurrency attempts started.
+    concurrency = 2
     enqueue(db, "limited.Fair", [{"key": "big"}] * 2000)
     (small,) = enqueue(db, "limited.Fair", [{"key": "small"}])
-    sup = supervise(queues=("limited",), app=APP, concurrency=2)
+    sup = supervise(queues=("limited",), app=APP, concurrency=concurrency)
     wait_state(db, small, "complete")
-    sup.stop()
-    rounds = db.execute(
-        "SELECT count(DISTINCT a.started_at) FROM atlantis.attempts a"
-        " JOIN atlantis.jobs j ON j.id = a.job_id WHERE j.job = 'limited.Fair'"
-        " AND a.started_at <= (SELECT started_at FROM atlantis.attempts WHERE job_id = %s)",
-        (small,)).fetchone()
-    assert rounds is not None and 1 <= rounds[0] <= 3, rounds
+    sup.stop()  # every attempt started is written to atlantis.attempts
+    rounds, before = db.execute(
+        "SELECT count(DISTINCT a.started_at), count(*) FILTER (WHERE a.started_at < s.at)"
+        " FROM atlantis.attempts a JOIN atlantis.jobs j ON j.id = a.job_id"
+        " CROSS JOIN (SELECT started_at AS at FROM atlantis.attempts WHERE job_id = %s) s"
+        " WHERE j.job = 'limited.Fair' AND a.started_at <= s.at", (small,)).fetchone() or (0, 0)
+    assert 1 <= rounds <= 3, (rounds, before)
+    assert before < 3 * concurrency
 
 
 def test_a_later_job_of_a_key_does_not_block_its_due_jobs(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # claim_limited taking each key's head rows without `run_at <= now()`: the later row,
-    # first by priority, is the key's only candidate of every claim (one idle child), refused
-    # as not due, and the due rows never run.
+    # A row scheduled for later holding its key's slot (atlantis.limit_holders counting
+    # `available` rows whose run_at is ahead, as well as running ones): the due rows never run.
     (later,) = atlantis.enqueue_many(db, "limited.PerKey", [{"key": "k", "hold": 0.02}],
                                      delay=3600, priority=-10)
     due = enqueue(db, "limited.PerKey", [{"key": "k", "hold": 0.02}] * 6)
@@ -289,9 +294,7 @@ def test_two_limits_on_one_job_hold_both_and_never_deadlock(
 
 
 def test_steps_of_a_workflow_obey_their_jobs_limit(db: psycopg.Connection[Any], supervise: Any) -> None:
-    # Step rows not marked limited when a workflow makes them: the supervisors' claim skips
-    # the rows of limited jobs, and no step ever runs; with the trigger disabled, the two
-    # steps after `first` (and the workflows of one key) overlap.
+    # Trigger disabled: the two steps after `first` (and the workflows of one key) overlap.
     flows = [atlantis.start_workflow(db, "limited.Flow", {"key": key, "hold": 0.1})
              for key in ("w", "w", "w", "v", "v")]
     supervisors(supervise, 2, concurrency=2)
@@ -306,9 +309,12 @@ def test_steps_of_a_workflow_obey_their_jobs_limit(db: psycopg.Connection[Any], 
 def test_a_full_key_does_not_block_the_work_behind_it(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # claim_limited stopping at the first refused row (instead of skipping its key): the
+    # claim_limited stopping at the first refused row (instead of skipping its group): the
     # rows of "full", first by priority, hold back "other"'s; the claim of jobs without
-    # limits taking limited rows too: the same rows hold back the Free jobs.
+    # limits taking limited rows too (queries.sql `claim` without `limit_group IS NULL`):
+    # the same rows hold back the Free jobs; the trigger disabled: "full"'s rows run. Each
+    # time, the rest ran only once the long attempt's timeout (30 s) freed the key, and the
+    # checks after the wait failed.
     (long_id,) = enqueue(db, "limited.PerKey", [{"key": "full", "hold": 60.0}])
     supervise(queues=("limited",), app=APP, concurrency=2)
     wait_state(db, long_id, "running")
