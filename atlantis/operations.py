@@ -1,13 +1,13 @@
-"""Cancel and retry jobs, pause and resume queues, on the caller's connection.
+"""Cancel and retry jobs, pause and resume queues, limit them, on the caller's connection.
 
 Each call runs one SQL function of migration 0005 (``atlantis.cancel``, ``atlantis.retry``,
-``atlantis.pause``, ``atlantis.resume``): the same rules as for SQL callers, ``tide`` and the
-console. Like :func:`atlantis.enqueue`, nothing here commits: inside an open transaction
+``atlantis.pause``, ``atlantis.resume``) or 0018 (``atlantis.set_queue_limit``): the same
+rules as for SQL callers, ``tide`` and the console. Like :func:`atlantis.enqueue`, nothing here commits: inside an open transaction
 the change is made under a savepoint (a refused call leaves the transaction usable) and
 becomes visible, and the supervisors are told, when the caller commits.
 
 ``by`` records who acted (``jobs.cancelled_by``, ``jobs.retried_by``,
-``queues.changed_by``); by default the database role of the connection.
+``queues.changed_by``, ``queues.limit_by``); by default the database role of the connection.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from atlantis.units import int_problem
 UNIQUE_KEY_TAKEN = "ATL03"
 NO_SUCH_JOB = "ATL04"
 REFUSED_IN_WORKFLOW = "ATL05"
+BAD_VALUE = "ATL02"
 
 
 def translate(exc: psycopg.Error) -> BaseException:
@@ -130,3 +131,30 @@ def resume(conn: psycopg.Connection[Any], queue: str, *, by: str | None = None) 
     """Let supervisors claim from ``queue`` again. Returns whether it was paused."""
     changed: bool = call(conn, Q.operator_resume, {"queue": queue, "by": by})
     return changed
+
+
+def _limit_errors(exc: psycopg.Error) -> BaseException:
+    if exc.sqlstate == BAD_VALUE:
+        return ValidationError(exc.diag.message_primary or str(exc))
+    return translate(exc)
+
+
+def set_queue_limit(conn: psycopg.Connection[Any], queue: str, concurrency: int | None, *,
+                    by: str | None = None) -> int | None:
+    """Let at most ``concurrency`` attempts of ``queue`` run at once, across every supervisor
+    (None removes the queue's limit). Returns the limit it had (None: none).
+
+    The limit is the database's: the queue's waiting rows are marked so that every claimer
+    obeys it, and supervisors hear of it when the caller commits. Lowering it below what is
+    running lets those attempts finish and claims nothing more until the count is under it.
+    Raises :class:`~atlantis.ValidationError` for a ``concurrency`` under 1, or one that is
+    not an ``int``.
+    """
+    if concurrency is not None:
+        problem = int_problem(concurrency, "int")
+        if problem is not None:
+            raise ValidationError(f"queue {queue}: concurrency: {problem}")
+    was: int | None = call(conn, Q.set_queue_limit,
+                           {"queue": queue, "concurrency": concurrency, "by": by},
+                           errors=_limit_errors)
+    return was

@@ -82,7 +82,10 @@ def run_round(env: Env, free: System, limited: System, jobs: int, accounts: int,
         else:
             got[which] = run_drain(env, limited, jobs, None, env.atl_version, track_rss=False,
                                    fill=enqueue_limited(accounts))
-        print(f"limits:   {fmt_rate(got[which])}", file=sys.stderr, flush=True)
+        split = got[which].cpu_ms()
+        print(f"limits:   {fmt_rate(got[which])}" + (
+            f"; CPU ms a job: supervisor {split.worker:.3f}, children {split.children:.3f},"
+            f" PostgreSQL {split.store:.3f}" if split else ""), file=sys.stderr, flush=True)
         time.sleep(1.0)  # let the previous supervisor's processes and the server settle
     return got["free"], got["limited"]
 

@@ -13,6 +13,10 @@ The workflow ``chaos.Order`` (jobs.atl) runs its steps and compensations here to
 checks what atlantis handed it (its key, its predecessors' results, ``ctx.compensating``)
 and records ``bad-context`` when something is wrong.
 
+``chaos.Limited`` (``concurrency 2 by account``, ``concurrency 3``) is the same handler; it
+is declared in :data:`registry`, which the supervisors of the first two slots serve, and
+left out of :data:`unlimited`, which the others serve (chaos/cluster.py).
+
 While PostgreSQL restarts, a write is retried until it goes through: the handler blocks
 meanwhile, as a real one would, and its lease watchdog decides whether it may go on.
 """
@@ -29,6 +33,7 @@ import psycopg
 import atlantis
 
 registry = atlantis.Registry.from_atl("jobs.atl")
+LIMITED = "chaos.Limited"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chaos_history (
@@ -130,6 +135,12 @@ def work(ctx: atlantis.JobContext, args: Any) -> None:
     _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1)
 
 
+@registry.handler(LIMITED)
+def limited(ctx: atlantis.JobContext, args: Any) -> None:
+    """Held by its limits; ``fail``: ``never`` or ``first``, as for ``chaos.Work``."""
+    _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1)
+
+
 @registry.handler("chaos.Doomed")
 def doomed(ctx: atlantis.JobContext, args: Any) -> None:
     """Fails every attempt: the job must end ``dead`` after exactly its retries."""
@@ -186,3 +197,11 @@ def undo(ctx: atlantis.JobContext, args: Any) -> None:
     own effect under its own key either way); ``fail "first"``: its first attempt fails."""
     _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1,
           context_ok=context_ok(ctx))
+
+
+unlimited = atlantis.Registry([d for name, d in registry.decls.items() if name != LIMITED],
+                              registry.workflows.values())
+"""The same app without ``chaos.Limited``: what a supervisor that claims ahead serves."""
+for _name, _registration in registry.registrations.items():
+    if _name != LIMITED:
+        unlimited.register(_name, _registration.handler)

@@ -35,6 +35,16 @@ And for workflows (issue 20), whose steps and compensations record their effect 
   that stopped, a compensation's never;
 - every step saw its predecessors' results and its idempotency key, every compensation its
   step's result and ``ctx.compensating`` (the handler records ``bad-context`` otherwise).
+
+And for limits (issue 21), on ``chaos.Limited`` (``concurrency 2 by account``,
+``concurrency 3``): the limit was never exceeded, as seen two ways. The database's: the
+driver samples, in one statement (one snapshot), how many of its rows are ``running`` per
+account, all through the run; the guarantee is about exactly those rows. The handlers':
+no more executions than the limit overlap, per account and in all, by PostgreSQL's clock.
+An execution lies within its row's time in ``running`` (it starts after the claim and a
+child whose lease is lost kills itself before the row may be rescued), so its interval,
+from its ``start`` to its last event, can only be shorter than the row's: an execution cut
+short ends at its last recorded event, and a violation seen there is a true one.
 """
 
 from __future__ import annotations
@@ -104,6 +114,15 @@ class Event:
 
 
 @dataclass(frozen=True)
+class LimitSample:
+    """Rows of ``chaos.Limited`` running at one instant (one statement's snapshot)."""
+
+    at: datetime
+    running: dict[str, int]
+    """Account -> rows running."""
+
+
+@dataclass(frozen=True)
 class SupervisorFate:
     name: str
     killed: bool
@@ -137,6 +156,13 @@ class History:
     workflow_cancel_running: set[int] = field(default_factory=set)
     """Workflows whose cancel went through while they were ``running``: they must end
     ``cancelled``."""
+    limited: dict[int, str] = field(default_factory=dict)
+    """Job id of each ``chaos.Limited`` row -> its account."""
+    samples: list[LimitSample] = field(default_factory=list)
+    per_account: int = 2
+    """``concurrency N by account`` of ``chaos.Limited``."""
+    in_all: int = 3
+    """Its ``concurrency N``."""
 
 
 @dataclass(frozen=True)
@@ -393,11 +419,87 @@ def check_contexts(h: History) -> Result:
                             for i in bad))
 
 
+def _at(t: datetime) -> str:
+    return t.isoformat(timespec="microseconds")
+
+
+def limit_overlaps(h: History) -> tuple[list[str], dict[str, int], int]:
+    """Violations seen in the handlers' intervals of ``chaos.Limited``: (messages, peak
+    per account, peak in all). A sweep over starts and ends; at equal instants an end
+    comes first (the intervals are taken as half-open)."""
+    marks: list[tuple[datetime, int, str, str, str]] = []  # (at, +1/-1, account, run, job#attempt)
+    for job_id, runs in executions(e for e in h.events if e.job_id in h.limited).items():
+        account = h.limited[job_id]
+        for x in runs:
+            if x.last <= x.start:
+                continue  # killed as it began: only its start recorded, it overlaps nothing
+            marks += [(x.start, 1, account, x.run, f"{job_id}#{x.attempt}"),
+                      (x.last, -1, account, x.run, f"{job_id}#{x.attempt}")]
+    marks.sort(key=lambda m: (m[0], m[1]))
+    running: dict[str, dict[str, str]] = defaultdict(dict)  # account -> run -> job#attempt
+    everyone: dict[str, tuple[str, str]] = {}  # run -> (job#attempt, account)
+    peak: Counter[str] = Counter()
+    peak_all = 0
+    bad: list[str] = []
+    for at_, step, account, run, name in marks:
+        if step < 0:
+            running[account].pop(run, None)
+            everyone.pop(run, None)
+            continue
+        running[account][run] = name
+        everyone[run] = (name, account)
+        peak[account] = max(peak[account], len(running[account]))
+        peak_all = max(peak_all, len(everyone))
+        if len(running[account]) > h.per_account:
+            jobs = ", ".join(running[account].values())
+            bad.append(f"account {account}: {len(running[account])} executions at once at "
+                       f"{_at(at_)} (limit {h.per_account}): jobs {jobs}")
+        if len(everyone) > h.in_all:
+            jobs = ", ".join(f"{n} ({acc})" for n, acc in everyone.values())
+            bad.append(f"{len(everyone)} executions at once in all at {_at(at_)} "
+                       f"(limit {h.in_all}): jobs {jobs}")
+    return bad, dict(peak), peak_all
+
+
+def limit_samples(h: History) -> tuple[list[str], int, int]:
+    """Violations in the sampled counts of running rows: (messages, peak per account, peak
+    in all)."""
+    bad: list[str] = []
+    peak = peak_all = 0
+    for s in h.samples:
+        total = sum(s.running.values())
+        peak_all = max(peak_all, total)
+        for account, n in sorted(s.running.items()):
+            peak = max(peak, n)
+            if n > h.per_account:
+                bad.append(f"account {account}: {n} rows running at {_at(s.at)} "
+                           f"(limit {h.per_account})")
+        if total > h.in_all:
+            bad.append(f"{total} rows running in all at {_at(s.at)} (limit {h.in_all}): "
+                       + ", ".join(f"{a} {n}" for a, n in sorted(s.running.items())))
+    return bad, peak, peak_all
+
+
+def check_limits(h: History) -> Result:
+    seen, peak, peak_all = limit_overlaps(h)
+    sampled, s_peak, s_peak_all = limit_samples(h)
+    n_exec = sum(len(r) for r in executions(e for e in h.events
+                                            if e.job_id in h.limited).values())
+    detail = (f"limits {h.per_account} by account, {h.in_all} in all; "
+              f"{len(h.samples)} samples of running rows: peak {s_peak} per account, "
+              f"{s_peak_all} in all, {len(sampled)} over; {n_exec} executions of "
+              f"{len(h.limited)} jobs over {len(set(h.limited.values()))} accounts: peak "
+              f"{max(peak.values(), default=0)} per account, {peak_all} in all, "
+              f"{len(seen)} over")
+    return Result("the limit was never exceeded", not (seen or sampled), detail,
+                  _examples([*sampled[:EXAMPLES - 2], *seen]))
+
+
 def check(h: History) -> list[Result]:
     return [check_final(h), check_dead(h), check_cancelled(h), check_stuck(h),
             check_overlap(h), check_effects(h), check_orphans(h), check_supervisors(h),
             check_workflows_finished(h), check_workflow_states(h), check_step_effects(h),
-            check_compensated(h), check_contexts(h)]
+            check_compensated(h), check_contexts(h), check_limits(h)]
 
 
 def table(faults: list[tuple[str, int, str]], results: list[Result]) -> str:

@@ -31,6 +31,11 @@ from chaos.server import OwnServer
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 APP = "chaos.app:registry"
+UNLIMITED_APP = "chaos.app:unlimited"
+LIMITED_SLOTS = 2
+"""The supervisors of the first slots serve ``chaos.Limited`` too (APP), so that its limits
+hold across two of them; the others serve the rest (UNLIMITED_APP) and claim ahead, which a
+supervisor serving a limited job never does."""
 QUEUE = "chaos"
 MARKER = "ATLANTIS_CHAOS_RUN"
 """Environment variable every process of the run carries, with the run's token."""
@@ -109,12 +114,14 @@ class Cluster:
             self.start_supervisor(slot)
 
     def start_supervisor(self, slot: Slot) -> None:
-        """A new supervisor in ``slot``: odd slots run ``--isolation fresh``, even ones reuse."""
+        """A new supervisor in ``slot``: odd slots run ``--isolation fresh``, even ones reuse;
+        the first LIMITED_SLOTS serve ``chaos.Limited`` too."""
         n = len(slot.instances)
         name = f"s{slot.index}" + (f"#{n}" if n else "")
         isolation = "fresh" if slot.index % 2 else "reuse"
+        app = APP if slot.index < LIMITED_SLOTS else UNLIMITED_APP
         argv = [str(BIN / "atlantis-supervise"), "--database-url", slot.proxy.url(self.db_url),
-                "--handler-database-url", self.db_url, "--queue", QUEUE, "--app", APP,
+                "--handler-database-url", self.db_url, "--queue", QUEUE, "--app", app,
                 "--concurrency", str(self.concurrency), "--isolation", isolation,
                 "--poll-interval", "0.2s", "--rescue-interval", "0.5s", "--kill-grace", "1s",
                 "--cancel-grace", "1s", "--drain-timeout", "5s", "--max-backoff", "2s",

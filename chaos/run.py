@@ -6,7 +6,8 @@ restarts at will; each supervisor reaches it through a TCP proxy of its own
 ``--minutes`` of faults (:mod:`chaos.faults`) the driver undoes whatever fault is still in
 force, stops enqueueing, waits for every job to finish, looks for processes that outlived
 their supervisor, stops the supervisors and checks the recorded history
-(:mod:`chaos.check`). Exit 0 when every check holds, 1 otherwise.
+(:mod:`chaos.check`). All along, a thread samples the running rows of the limited job
+(:class:`Sampler`). Exit 0 when every check holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,7 @@ import psycopg
 
 import atlantis
 from chaos import check
+from chaos.app import LIMITED, registry
 from chaos.cluster import Cluster
 from chaos.faults import Faults, say
 from chaos.server import OwnServer
@@ -34,6 +37,16 @@ BACKLOG = 150
 WORKFLOWS = 10
 """... and about this many workflows (``chaos.Order``) running or compensating."""
 WORKFLOW = "chaos.Order"
+LIMITED_BACKLOG = 20
+"""... and about this many ``chaos.Limited`` waiting, over ACCOUNTS (the first ones the
+busiest), so that both its limits are reached again and again."""
+ACCOUNTS = {"a0": 4, "a1": 2, "a2": 1, "a3": 1}
+"""Account -> relative weight."""
+PER_ACCOUNT = next(lim.n for lim in registry.decls[LIMITED].limits if lim.by == ("account",))
+IN_ALL = next(lim.n for lim in registry.decls[LIMITED].limits if not lim.by)
+"""Its limits, as chaos/jobs.atl declares them."""
+SAMPLE_EVERY = 0.1
+"""Seconds between two samples of the running rows of ``chaos.Limited``."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +107,14 @@ class Producer:
             return
         self._next = now + 0.5
         rows = self.cluster.query(
-            "SELECT (SELECT count(*) FROM atlantis.jobs WHERE state = 'available'), "
+            "SELECT count(*) FILTER (WHERE job <> 'chaos.Limited'), "
+            "       count(*) FILTER (WHERE job = 'chaos.Limited'), "
             "       (SELECT count(*) FROM atlantis.workflow_instances "
-            "         WHERE state IN ('running', 'compensating'))")
+            "         WHERE state IN ('running', 'compensating')) "
+            "  FROM atlantis.jobs WHERE state = 'available'")
         if rows is None:
             return
-        waiting, going = rows[0]
+        waiting, held, going = rows[0]
         flows = [self.workflow_args() for _ in range(min(4, max(0, WORKFLOWS - going)))]
         work: list[dict[str, Any]] = []
         doomed: list[dict[str, Any]] = []
@@ -114,13 +129,16 @@ class Producer:
                 work.append({"ticks": rng.randint(10, 25), "tick_ms": rng.randint(100, 150)})
             else:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
+        limited = [self.limited_args() for _ in range(max(0, LIMITED_BACKLOG - held))]
         conn = self.cluster.conn()
-        if conn is None or not (work or doomed or flows):
+        if conn is None or not (work or doomed or flows or limited):
             return
         try:
             with conn.transaction():
                 if work:
                     self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Work", work))
+                if limited:
+                    self.enqueued += len(atlantis.enqueue_many(conn, LIMITED, limited))
                 if doomed:
                     self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Doomed", doomed))
                 for args in flows:
@@ -128,6 +146,18 @@ class Producer:
             self.started += len(flows)
         except psycopg.OperationalError:  # the server restarts: enqueue again later
             self.cluster.disconnect()
+
+    def limited_args(self) -> dict[str, Any]:
+        """Mostly short; 10% run 1-4 s (past their lease, across faults), 5% fail once."""
+        rng = self.rng
+        account = rng.choices(list(ACCOUNTS), weights=list(ACCOUNTS.values()))[0]
+        r = rng.random()
+        if r < 0.05:
+            return {"account": account, "ticks": 1, "tick_ms": 10, "fail": "first"}
+        if r < 0.15:
+            return {"account": account, "ticks": rng.randint(10, 25),
+                    "tick_ms": rng.randint(100, 150)}
+        return {"account": account, "ticks": rng.randint(1, 3), "tick_ms": rng.randint(20, 80)}
 
     def workflow_args(self) -> dict[str, Any]:
         """Short steps; 10% fail for good at charge, 10% at ship (the last step), 5% time
@@ -138,6 +168,50 @@ class Producer:
                 else "slow" if r < 0.25 and self.slow_ok else "never")
         return {"ticks": rng.randint(1, 3), "tick_ms": rng.randint(5, 60), "doom": doom,
                 "fail": "first" if rng.random() < 0.33 else "never"}
+
+
+class Sampler:
+    """Samples, every SAMPLE_EVERY seconds on a connection of its own (in a thread), how
+    many rows of ``chaos.Limited`` are ``running`` per account: one statement, so one
+    snapshot, stamped by PostgreSQL's clock. While the server restarts it tries again."""
+
+    QUERY = ("SELECT clock_timestamp(), coalesce(jsonb_object_agg(account, n), '{}') "
+             "  FROM (SELECT args->>'account' AS account, count(*) AS n FROM atlantis.jobs "
+             "         WHERE job = 'chaos.Limited' AND state = 'running' GROUP BY 1) r")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.samples: list[check.LimitSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="limit-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> list[check.LimitSample]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return self.samples
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.wait(SAMPLE_EVERY):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3,
+                                           application_name="chaos-sampler")
+                row = conn.execute(self.QUERY).fetchone()
+            except psycopg.OperationalError:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                continue
+            if row is not None:
+                self.samples.append(check.LimitSample(row[0], {str(k): int(v)
+                                                               for k, v in row[1].items()}))
+        if conn is not None:
+            conn.close()
 
 
 def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random.Random) -> None:
@@ -178,7 +252,8 @@ def settle(cluster: Cluster, seconds: float) -> bool:
     return False
 
 
-def read_history(cluster: Cluster, faults: Faults) -> check.History:
+def read_history(cluster: Cluster, faults: Faults,
+                 samples: list[check.LimitSample]) -> check.History:
     with psycopg.connect(cluster.db_url, autocommit=True) as conn:
         jobs = [check.JobRow(*r) for r in conn.execute(
             "SELECT id, job, state, attempt, max_attempts, "
@@ -205,10 +280,15 @@ def read_history(cluster: Cluster, faults: Faults) -> check.History:
             "       coalesce(s.started, false) "
             "  FROM atlantis.workflow_instances w, atlantis.workflow_step_states(w.id) s "
             " ORDER BY w.id, s.ord").fetchall()]
+        limited = {int(r[0]): str(r[1]) for r in conn.execute(
+            "SELECT id, args->>'account' FROM atlantis.jobs WHERE job = %s", (LIMITED,)
+        ).fetchall()}
     return check.History(jobs, events, effects, set(faults.cancelled),
                          set(faults.cancel_accepted), workflows=workflows, steps=steps,
                          keyed=keyed, workflow_cancelled=set(faults.workflow_cancelled),
-                         workflow_cancel_running=set(faults.workflow_cancel_running))
+                         workflow_cancel_running=set(faults.workflow_cancel_running),
+                         limited=limited, samples=samples, per_account=PER_ACCOUNT,
+                         in_all=IN_ALL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,19 +302,22 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir()
     cluster = Cluster(server, folder, opts.concurrency)
     faults = Faults(cluster, rng)
+    sampler = Sampler(cluster.db_url)
     ok = False
     try:
         cluster.prepare(opts.supervisors)
+        sampler.start()
         producer = Producer(cluster, rng)
         inject_faults(opts, faults, producer, rng)
         say("faults stop; undoing those in force and waiting for every job to finish")
         faults.calm()
         say("settled" if settle(cluster, opts.settle) else f"not settled after {opts.settle:g}s")
+        samples = sampler.stop()
         orphans = cluster.orphans()
         alive = {id(i) for i in cluster.live()}
         cluster.stop_supervisors()
         orphans += [o for o in cluster.orphans() if o not in orphans]
-        history = read_history(cluster, faults)
+        history = read_history(cluster, faults, samples)
         history.orphans = orphans
         history.supervisors = [
             check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode)
@@ -243,12 +326,16 @@ def main(argv: list[str] | None = None) -> int:
         print(check.table(faults.rows(), results))
         in_flows = sum(1 for j in history.jobs if j.workflow_id is not None)
         print(f"\n{len(history.jobs)} jobs ({in_flows} of them steps and compensations of "
-              f"{len(history.workflows)} workflows), {len(history.events)} events recorded, "
+              f"{len(history.workflows)} workflows, {len(history.limited)} {LIMITED} under "
+              f"concurrency {PER_ACCOUNT} by account and {IN_ALL} in all, "
+              f"{len(history.samples)} samples of its running rows), "
+              f"{len(history.events)} events recorded, "
               f"{faults.notes['tide_failed']} tide commands failed (database down), "
               f"{time.monotonic() - started:.0f}s in all; seed {opts.seed}")
         ok = all(r.ok for r in results)
         return 0 if ok else 1
     finally:
+        sampler.stop()
         cluster.cleanup()
         if opts.keep or not ok:
             kept = tempfile.mkdtemp(prefix="chaos-logs-")

@@ -13,7 +13,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chaos import check
-from chaos.check import Event, History, JobRow, StepRow, SupervisorFate, WorkflowRow
+from chaos.check import (
+    Event,
+    History,
+    JobRow,
+    LimitSample,
+    StepRow,
+    SupervisorFate,
+    WorkflowRow,
+)
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -211,6 +219,60 @@ def test_a_handler_that_saw_a_wrong_context_fails() -> None:
     events = [*workflow_history().events, Event(12, 1, "w1", 101, "bad-context", at(11.2))]
     assert "each step saw its key, its predecessors' results" in failed(
         workflow_history(events=events))
+
+
+LIMIT = "the limit was never exceeded"
+
+
+def limited_history(**kw: object) -> History:
+    """chaos.Limited (2 by account, 3 in all): jobs 31, 32 of account a0 run at once, then
+    33 (a0) starts as 31 ends; 34 (a1) runs beside them (3 in all); 35 (a0) runs after
+    a killed attempt of 33 was cut short (its last tick at 2.5)."""
+    jobs = [JobRow(i, "chaos.Limited", "complete", 1, 13, False) for i in range(31, 36)]
+    events = (run_events(31, 1, "l1", 0.0, 1.0) + run_events(32, 1, "l2", 0.5, 1.5)
+              + run_events(33, 1, "l3", 1.01, 2.5, end="") + run_events(34, 1, "l4", 0.2, 2.0)
+              + run_events(35, 1, "l5", 2.6, 3.0))
+    base: dict[str, object] = {
+        "jobs": jobs, "events": events, "effects": {i: 1 for i in range(31, 36)},
+        "cancelled": set(),
+        "supervisors": [SupervisorFate("s0", killed=False, alive_at_end=True, stop_code=0)],
+        "limited": {31: "a0", 32: "a0", 33: "a0", 34: "a1", 35: "a0"},
+        "samples": [LimitSample(at(0.6), {"a0": 2, "a1": 1}), LimitSample(at(2.7), {"a0": 1})],
+    }
+    base.update(kw)
+    return History(**base)  # type: ignore[arg-type]
+
+
+def test_a_limit_held_passes() -> None:
+    h = limited_history()
+    assert failed(h) == set()
+    result = next(r for r in check.check(h) if r.name == LIMIT)
+    assert "peak 2 per account, 3 in all, 0 over" in result.detail
+
+
+def test_a_limit_exceeded_is_reported_with_its_key_time_and_count() -> None:
+    # Job 33 starts before 31 ended: three of account a0 at once, four in all.
+    events = [e for e in limited_history().events if e.run != "l3"]
+    events += run_events(33, 1, "l3", 0.9, 2.5, end="")
+    result = next(r for r in check.check(limited_history(events=events)) if r.name == LIMIT)
+    assert not result.ok
+    assert any(x.startswith("account a0: 3 executions at once at 2026-01-01T00:00:00.900000")
+               and "(limit 2)" in x and "33#1" in x for x in result.examples)
+    assert any("4 executions at once in all" in x and "(limit 3)" in x for x in result.examples)
+    # An execution cut short counts until its last event: a start after it is no overlap,
+    # nor beside one killed before any event but its start.
+    assert LIMIT not in failed(limited_history())
+    killed = [*limited_history().events, *run_events(36, 1, "l6", 0.7, end="")]
+    assert LIMIT not in failed(limited_history(events=killed, limited={
+        **limited_history().limited, 36: "a0"}))
+    # The database's side: a sample over a limit fails even when no interval shows it.
+    over = limited_history(samples=[LimitSample(at(1.0), {"a0": 3}),
+                                    LimitSample(at(1.1), {"a0": 2, "a1": 2})])
+    result = next(r for r in check.check(over) if r.name == LIMIT)
+    assert not result.ok
+    assert "account a0: 3 rows running at 2026-01-01T00:00:01.000000+00:00 (limit 2)" in (
+        result.examples)
+    assert any(x.startswith("4 rows running in all") for x in result.examples)
 
 
 @pytest.mark.timeout(420)

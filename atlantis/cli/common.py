@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -208,6 +209,39 @@ LIMIT = DatabaseInt("bigint", low=0)
 ATTEMPT = DatabaseInt("int", low=1)
 #: A job's priority (``int``).
 PRIORITY = DatabaseInt("int")
+
+
+class QueueLimit(click.ParamType[int]):
+    """``--concurrency N|none`` of ``tide queue limit``: a whole number, 1 or more, that an
+    ``int`` holds, or ``none`` (read as :data:`NO_LIMIT`). Anything else is a usage error
+    naming the option."""
+
+    name = "N|none"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.lower() == "none":
+            return NO_LIMIT
+        if not _WHOLE.fullmatch(text):
+            self.fail(f"expected a whole number (1 or more) or none, not {value!r}", param, ctx)
+        number = int(Decimal(text))  # int(str) refuses more than 4300 digits
+        problem = int_problem(number, "int")
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        if number < 1:
+            self.fail(f"a concurrency limit must be 1 or more, not {number} (none removes it)",
+                      param, ctx)
+        return number
+
+
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+#: What ``--concurrency none`` reads as: remove the limit.
+NO_LIMIT = 0
+#: ``tide queue limit --concurrency``.
+QUEUE_LIMIT = QueueLimit()
 
 
 def duration_option(option: str, text: str) -> float:

@@ -53,19 +53,28 @@ def job() -> None:
 @job.command("status")
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON document: every column, plus rate, eta_seconds, stalled, attempts.")
+              help="One JSON document: every column, plus rate, eta_seconds, stalled, attempts, "
+                   "held.")
 @click.pass_context
 def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
-    """State, attempts, progress with rate and ETA, lease, timings and last error of a job."""
+    """State, attempts, progress with rate and ETA, lease, timings and last error of a job,
+    and what limit holds it when one does."""
     with connection(ctx) as conn:
         row = job_or_fail(conn, job_id)
         attempts = admin.job_attempts(conn, job_id)
+        held = _held(conn, row)
     if as_json:
         doc = job_document(row)
         doc["attempts"] = [as_dict(a) for a in attempts]
+        doc["held"] = held
         print_json(doc)
     else:
-        click.echo(render.status_text(row, attempts))
+        click.echo(render.status_text(row, attempts, held=held))
+
+
+def _held(conn: psycopg.Connection[Any], row: admin.JobRow) -> str | None:
+    """What limit holds a waiting job (None: none does, or it is not waiting)."""
+    return fleet.limit_hold(conn, row.id) if row.state == "available" else None
 
 
 @job.command("watch")
@@ -80,7 +89,8 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
         previous = 0
         while True:
             row = job_or_fail(conn, job_id)
-            text = render.status_text(row, admin.job_attempts(conn, job_id))
+            text = render.status_text(row, admin.job_attempts(conn, job_id),
+                                      held=_held(conn, row))
             if tty and previous:
                 click.echo(f"\x1b[{previous}F\x1b[J", nl=False)
             click.echo(text)

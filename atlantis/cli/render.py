@@ -97,8 +97,10 @@ def holder_text(worker: str | None) -> str:
     return host if pid is None else f"{host} pid {pid}"
 
 
-def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
-    """``tide job status``: what a person asks of a job, one fact a line."""
+def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
+                held: str | None = None) -> str:
+    """``tide job status``: what a person asks of a job, one fact a line; ``held``: what
+    limit holds it (``atlantis.limit_hold``), shown under its state."""
     now = job.db_now
     lines = [f"job {job.id}  {safe(job.job)}  queue {safe(job.queue)}"]
 
@@ -111,6 +113,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> str:
         flags = "  " + click.style("STALLED", fg="red", bold=True)
     run = f"run {job.run}, " if job.run > 1 else ""
     add("state", f"{state}  {run}attempt {job.attempt}/{job.max_attempts}{flags}")
+    if held:
+        add("held", click.style(safe(held), fg="yellow"))
     if job.workflow_id is not None:
         role = "compensation of step" if job.compensation else "step"
         add("workflow", f"{job.workflow_id}  {role} {safe(job.step or '?')}  "

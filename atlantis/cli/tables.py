@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -23,7 +23,7 @@ from atlantis.cli.escape import safe
 from atlantis.cli.render import STATE_STYLES, progress_bar, relative, short_duration, since
 from atlantis.presentation import job_estimate
 from atlantis.store.admin import JobRow
-from atlantis.store.fleet import QueueStats, WorkerRow
+from atlantis.store.fleet import HELD_CAP, NO_LIMITS, QueueLimits, QueueStats, WorkerRow
 from atlantis.units import format_size
 
 SMALL_BAR = 10
@@ -124,10 +124,15 @@ def dlq_table(jobs: Sequence[JobRow]) -> None:
     print_table(columns, rows)
 
 
-def queue_table(queues: Sequence[QueueStats]) -> None:
+def queue_table(queues: Sequence[QueueStats],
+                limits: Mapping[str, QueueLimits] | None = None) -> None:
+    """``tide queue stats``. LIMIT is the queue's concurrency limit; SLOTS the attempts it
+    counts (running/limit), or without one the running attempts of limited jobs; HELD the due
+    jobs of limited jobs or queues not running yet."""
     columns = [Column("QUEUE"), Column("WAITING", right=True), Column("OLDEST", right=True),
                Column("LATER", right=True), Column("RUNNING", right=True),
-               Column("STALLED", right=True), Column("DONE/MIN", right=True),
+               Column("STALLED", right=True), Column("LIMIT", right=True),
+               Column("SLOTS", right=True), Column("HELD", right=True), Column("DONE/MIN", right=True),
                Column("DONE/HOUR", right=True), Column("COMPLETE", right=True),
                Column("DEAD", right=True), Column("CANCELLED", right=True),
                Column("SUPERVISORS", right=True), Column("STATUS", flexible=True)]
@@ -148,13 +153,27 @@ def queue_table(queues: Sequence[QueueStats]) -> None:
         oldest = short_duration(q.oldest_waiting_seconds) if q.oldest_waiting_seconds else ""
         stalled = styled(str(q.stalled), STALLED_STYLE if q.stalled else None)
         later = max(0, q.available - q.due)
+        lim = (limits or {}).get(q.queue, NO_LIMITS)
         rows.append([q.queue, _count(q, "due"), oldest,
                      f"≈{later}" if {"due", "available"} & set(q.approximate) else str(later),
-                     _count(q, "running"), stalled, str(q.completed_last_minute),
+                     _count(q, "running"), stalled, *_limit_cells(q, lim),
+                     str(q.completed_last_minute),
                      str(q.completed_last_hour), _count(q, "complete"),
                      styled(_count(q, "dead"), "red" if q.dead else None),
                      _count(q, "cancelled"), str(q.supervisors), status])
     print_table(columns, rows)
+
+
+def _limit_cells(q: QueueStats, lim: QueueLimits) -> list[Cell]:
+    """LIMIT, SLOTS and HELD of a queue: a queue limit counts every running attempt of the
+    queue (full: in yellow)."""
+    held = f"≥{lim.held}" if lim.held >= HELD_CAP else str(lim.held)
+    if lim.concurrency_limit is None:
+        return ["-", str(lim.limited_running), held]
+    full = q.running >= lim.concurrency_limit
+    return [str(lim.concurrency_limit),
+            styled(f"{_count(q, 'running')}/{lim.concurrency_limit}", "yellow" if full else None),
+            held]
 
 
 def _count(q: QueueStats, state: str) -> str:

@@ -8,7 +8,7 @@ libpq cannot parse. A ``tide gen`` output that cannot be written (or, with ``--c
 read) is a run-time failure: 1. Every failure is one line on stderr, without a traceback,
 and no password ever appears in it.
 
-Changes (cancel, retry, pause, resume, prune) go through the SQL functions every path
+Changes (cancel, retry, pause, resume, queue limits, prune) go through the SQL functions every path
 shares (:mod:`atlantis.operations`); tide records the OS user as who made them.
 """
 
@@ -24,12 +24,15 @@ from atlantis.app import load_app
 from atlantis.cli import tables
 from atlantis.cli.common import (
     LIMIT,
+    NO_LIMIT,
+    QUEUE_LIMIT,
     check_queue,
     connection,
     duration_option,
     fail,
     listing_rows,
     operator_name,
+    print_json,
     show_rows,
 )
 from atlantis.cli.doctor import doctor
@@ -87,16 +90,24 @@ def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -
 
 @main.group()
 def queue() -> None:
-    """Queues: their counts, pause and resume."""
+    """Queues: their counts, pause and resume, concurrency limits."""
 
 
 @queue.command("stats")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Every field of each queue, with concurrency_limit, limited_running, held.")
 @click.pass_context
 def queue_stats(ctx: click.Context, as_json: bool) -> None:
-    """Per queue: counts by state, stalled jobs, oldest wait, throughput, pause, supervisors."""
-    rows = listing_rows(ctx, fleet.queue_stats)
-    show_rows(rows, as_json, as_dict, tables.queue_table)
+    """Per queue: counts by state, stalled jobs, oldest wait, limits and the jobs they hold,
+    throughput, pause, supervisors."""
+    with connection(ctx) as conn:
+        rows = fleet.queue_stats(conn)
+        limits = fleet.queue_limits(conn, [q.queue for q in rows])
+    if as_json:
+        print_json([{**as_dict(q), **as_dict(limits.get(q.queue, fleet.NO_LIMITS))}
+                    for q in rows])
+    else:
+        tables.queue_table(rows, limits)
 
 
 @queue.command("pause")
@@ -122,6 +133,41 @@ def queue_resume(ctx: click.Context, name: str) -> None:
         changed = operations.resume(conn, name, by=operator_name())
     shown = safe(name)
     click.echo(f"queue {shown} resumed" if changed else f"queue {shown} was not paused")
+
+
+@queue.command("limit")
+@click.argument("name")
+@click.option("--concurrency", type=QUEUE_LIMIT, default=None, metavar="N|none",
+              help="At most N attempts of the queue running at once, across every supervisor; "
+                   "none removes the limit. Without it: show the limit.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def queue_limit(ctx: click.Context, name: str, concurrency: int | None, as_json: bool) -> None:
+    """Set, remove or show a queue's concurrency limit, held by the database."""
+    shown = safe(name)
+    with connection(ctx) as conn:
+        check_queue(conn, name)
+        if concurrency is None:
+            now = fleet.queue_limits(conn, [name]).get(name, fleet.NO_LIMITS)
+        else:
+            wanted = None if concurrency == NO_LIMIT else concurrency
+            try:
+                was = operations.set_queue_limit(conn, name, wanted, by=operator_name())
+            except AtlantisError as exc:
+                fail(str(exc))
+    if concurrency is None:
+        if as_json:
+            print_json({"queue": name, **as_dict(now)})
+            return
+        what = ("no concurrency limit" if now.concurrency_limit is None
+                else f"concurrency limit {now.concurrency_limit}")
+        click.echo(f"queue {shown}: {what}; slots in use {now.limited_running}, held {now.held}")
+        return
+    if as_json:
+        print_json({"queue": name, "concurrency": wanted, "was": was})
+        return
+    what = "no concurrency limit" if wanted is None else f"concurrency limit {wanted}"
+    click.echo(f"queue {shown}: {what} (was {'none' if was is None else was})")
 
 
 @main.group()

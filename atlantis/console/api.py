@@ -39,7 +39,7 @@ from atlantis.console.common import require_read as require_read
 from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
 from atlantis.console.common import text_param as text_param
-from atlantis.console.data import dumps, job_doc
+from atlantis.console.data import dumps, job_doc, redact_held
 from atlantis.console.events import Broker
 from atlantis.presentation import log_document, worker_document
 from atlantis.store import admin, fleet
@@ -78,7 +78,9 @@ async def job(request: Request) -> Response:
         row = admin.get_job(conn, job_id)
         if row is None:
             return None
-        return job_doc(row, settings.redact, admin.job_attempts(conn, job_id))
+        doc = job_doc(row, settings.redact, admin.job_attempts(conn, job_id))
+        doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
+        return doc
 
     doc = await db_of(request).run(read)
     if doc is None:
@@ -269,15 +271,16 @@ async def resume(request: Request) -> Response:
 
 def overview_data(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """Every queue's stats with ``per_minute``: completions in each of the last 60 minutes,
-    oldest first."""
+    oldest first; and its limits (``concurrency_limit``, ``limited_running``, ``held``)."""
     stats = fleet.queue_stats(conn)
+    limits = fleet.queue_limits(conn, [s.queue for s in stats])
     minutes: dict[str, list[int]] = {}
     for t in store.throughput(conn):
         if 0 <= t.minutes_ago < 60:
             minutes.setdefault(t.queue, [0] * 60)[59 - t.minutes_ago] = t.count
     out = []
     for s in stats:
-        doc = as_dict(s)
+        doc = as_dict(s) | as_dict(limits.get(s.queue, fleet.NO_LIMITS))
         doc["per_minute"] = minutes.get(s.queue, [0] * 60)
         out.append(doc)
     return out

@@ -8,6 +8,7 @@ args with the ``--args-redact`` keys hidden.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -62,6 +63,21 @@ def redact(value: Any, keys: frozenset[str]) -> Any:
     if isinstance(value, list):
         return [redact(v, keys) for v in value]
     return value
+
+
+def redact_held(held: str | None, keys: frozenset[str]) -> str | None:
+    """What holds a job (``atlantis.limit_hold``) with the value of every ``by`` field in
+    ``keys`` hidden: ``concurrency 1 by account_id=[redacted]`` (a value runs up to the next
+    ``, field=``, the label's closing backtick, ``: next start in`` or the next hold)."""
+    if held is None:
+        return None
+    for key in keys:
+        if f"{key}=" in held:
+            # re.sub reads a template: a \ in it is kept as is.
+            hidden = f"{key}={REDACTED}".replace("\\", "\\\\")
+            held = re.sub(rf"(?<![\w.]){re.escape(key)}=.*?"
+                          r"(?=, [A-Za-z_]\w*=|`|: next start in |; |$)", hidden, held)
+    return held
 
 
 def _seconds(a: datetime | None, b: datetime) -> float | None:

@@ -22,7 +22,7 @@ from atlantis import environ
 from atlantis.console import api
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
-from atlantis.console.data import job_doc, sparkline
+from atlantis.console.data import job_doc, redact_held, sparkline
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
 from atlantis.store import admin, fleet
 from atlantis.store import console_queries as store
@@ -167,7 +167,9 @@ async def job(request: Request, who: Principal) -> Response:
             return None
         logs = api.read_logs(conn, job_id, None, 0, 200)
         assert logs is not None
-        return job_doc(row, settings.redact, admin.job_attempts(conn, job_id)), logs
+        doc = job_doc(row, settings.redact, admin.job_attempts(conn, job_id))
+        doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
+        return doc, logs
 
     found = await db_of(request).run(read)
     if found is None:

@@ -81,6 +81,9 @@ class JobRow:
     result: Any
     """The handler's return value (JSON) once the job completed; None before, or if it
     returned nothing (or a value that could not be stored)."""
+    limit_group: str | None
+    """The values of its job's limits' ``by`` fields ('' when they name none); None when no
+    limit applies to it (migration 0018)."""
     stall_after: float
     stalled: bool
     db_now: datetime

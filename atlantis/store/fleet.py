@@ -1,12 +1,13 @@
-"""Queues and supervisors as operators' tools (``tide``, the console) read them.
+"""Queues, their limits and supervisors as operators' tools (``tide``, the console) read them.
 
-Every statement is a named query of ``admin.sql``, read by column name into the dataclasses
+Every statement is a named query of ``admin.sql`` (the limits': of ``queries.sql``), read by column name into the dataclasses
 below (:func:`atlantis.store.typed_rows.known_columns_row`, as in :mod:`atlantis.store.admin`).
-Pausing and resuming a queue are :mod:`atlantis.operations`'s. Nothing here commits.
+Pausing, resuming and limiting a queue are :mod:`atlantis.operations`'s. Nothing here commits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -78,6 +79,24 @@ class WorkerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's limits and what they hold (``atlantis.limit_usage``): ``concurrency_limit``,
+    the queue-wide limit (None: none; ``tide queue limit``); ``limited_running``, running rows
+    of limited jobs or of a limited queue (slots in use); ``held``, due waiting rows of them
+    that are not running yet: held by a limit, or not claimed yet (counted up to
+    :data:`HELD_CAP`). These are the keys ``tide queue stats --json`` and the console add to
+    a queue's document."""
+
+    concurrency_limit: int | None
+    limited_running: int
+    held: int
+
+
+#: No limit and nothing limited: a queue :func:`queue_limits` was not asked about.
+NO_LIMITS = QueueLimits(concurrency_limit=None, limited_running=0, held=0)
+
+
+@dataclass(frozen=True, slots=True)
 class _Known:
     known: bool
 
@@ -114,3 +133,22 @@ def queue_served(conn: Conn, queue: str) -> bool:
     """Whether a declaration names ``queue`` or some supervisor has served it."""
     hit = one_row(conn, _Known, Q.queue_served, {"queue": queue})
     return hit is not None and hit.known
+
+
+#: ``atlantis.limit_usage`` counts a queue's held rows up to this many.
+HELD_CAP = 10_000
+
+
+def queue_limits(conn: Conn, queues: Sequence[str]) -> dict[str, QueueLimits]:
+    """The limits of each of ``queues`` and the rows they hold, by queue name."""
+    rows = conn.execute(Q.limit_usage, {"queues": list(queues)}).fetchall()
+    return {r[0]: QueueLimits(concurrency_limit=r[1], limited_running=int(r[3]), held=int(r[4]))
+            for r in rows}
+
+
+def limit_hold(conn: Conn, job_id: int) -> str | None:
+    """What holds a waiting job now (``atlantis.limit_hold``), as operators read it, e.g.
+    ``waiting for a slot of `concurrency 1 by account_id=a1`: job 812 running``; None when no
+    limit does (or it is not waiting, or not due)."""
+    row = conn.execute(Q.limit_hold, {"id": job_id}).fetchone()
+    return None if row is None or row[0] is None else str(row[0])

@@ -1764,47 +1764,77 @@ LANGUAGE sql IMMUTABLE AS $$
       FROM (SELECT round(extract(epoch FROM period) * 1000)::bigint AS ms) p
 $$;
 
--- The limits that apply to a row of `decl` on queue `q` with `args` now, one row each:
--- its key (what the advisory lock and atlantis.limit_starts are keyed on), kind, N, period
--- (rate), `by` fields and their values, scope (`group`: one of the row's by-values;
--- `job`: all of its job; `queue`: all of its queue), the label operators read, and whether
--- its `by` fields are all of the group's (`whole`: rows of the same key have the same
--- limit_group).
+-- The limits that apply to a row of `decl` on queue `q` with `args` now, in one fixed order
+-- (the job's, as declared, then its queue's): its key (what the advisory lock and
+-- atlantis.limit_starts are keyed on), kind, N, period (rate), `by` fields and their
+-- values, scope (`group`: one of the row's by-values; `job`: all of its job; `queue`: all
+-- of its queue), the label operators read, and whether its `by` fields are all of the
+-- group's (`whole`: rows of the same key have the same limit_group). PL/pgSQL of simple
+-- expressions, but for the queue's lookup: the trigger runs it for every limited claim.
+CREATE OR REPLACE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb)
+RETURNS atlantis.limit_row[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    out atlantis.limit_row[] := '{}';
+    l jsonb;
+    r atlantis.limit_row;
+    group_fields text[];
+    key_by text;
+    label_by text;
+    v jsonb;
+    qc int;
+BEGIN
+    IF decl.job IS NOT NULL AND jsonb_array_length(decl.limits) > 0 THEN
+        group_fields := atlantis.limit_fields(decl.limits);
+        FOR i IN 0 .. jsonb_array_length(decl.limits) - 1 LOOP
+            l := decl.limits->i;
+            r.kind := l->>'kind';
+            r.n := (l->>'n')::int;
+            r.period := CASE WHEN r.kind = 'rate'
+                             THEN make_interval(secs => (l->>'period')::double precision) END;
+            r.fields := '{}';
+            FOR k IN 0 .. jsonb_array_length(coalesce(l->'by', '[]')) - 1 LOOP
+                r.fields := r.fields || (l->'by'->>k);
+            END LOOP;
+            r.val := atlantis.limit_value(decl, args, r.fields);
+            key_by := '';
+            label_by := '';
+            FOR k IN 1 .. cardinality(r.fields) LOOP
+                v := r.val->(k - 1);
+                key_by := key_by || CASE WHEN k > 1 THEN ', ' ELSE ' by ' END
+                          || r.fields[k] || '=' || v::text;
+                label_by := label_by || CASE WHEN k > 1 THEN ', ' ELSE ' by ' END
+                            || r.fields[k] || '='
+                            || CASE WHEN jsonb_typeof(v) = 'string' THEN v #>> '{}'
+                                    ELSE v::text END;
+            END LOOP;
+            r.key := decl.job || ' ' || r.kind || key_by;
+            r.scope := CASE WHEN cardinality(r.fields) = 0 THEN 'job' ELSE 'group' END;
+            r.label := r.kind || ' ' || r.n
+                       || CASE WHEN r.kind = 'rate'
+                               THEN '/' || atlantis.limit_period_text(r.period) ELSE '' END
+                       || label_by;
+            r.whole := r.fields = group_fields;
+            out := out || r;
+        END LOOP;
+    END IF;
+    SELECT qq.concurrency INTO qc FROM atlantis.queues qq
+     WHERE qq.name = q AND qq.concurrency IS NOT NULL;
+    IF qc IS NOT NULL THEN
+        out := out || ROW('queue ' || q, 'concurrency', qc, NULL::interval, '{}'::text[],
+                          '[]'::jsonb, 'queue', 'queue ' || q || ' concurrency ' || qc,
+                          false)::atlantis.limit_row;
+    END IF;
+    RETURN out;
+END
+$$;
+
+-- atlantis.limit_rows as rows (tide, the console, atlantis.limit_hold).
 CREATE OR REPLACE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
                label text, whole boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT decl.job || ' ' || (l.x->>'kind')
-               || CASE WHEN b.fields = '{}' THEN ''
-                       ELSE ' by ' || (SELECT string_agg(f || '=' || (v.val->(i::int - 1))::text,
-                                                         ', ' ORDER BY i)
-                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END,
-           l.x->>'kind', (l.x->>'n')::int,
-           CASE WHEN l.x->>'kind' = 'rate'
-                THEN make_interval(secs => (l.x->>'period')::double precision) END,
-           b.fields, v.val,
-           CASE WHEN b.fields = '{}' THEN 'job' ELSE 'group' END,
-           (l.x->>'kind') || ' ' || (l.x->>'n')
-               || CASE WHEN l.x->>'kind' = 'rate' THEN '/' || atlantis.limit_period_text(
-                      make_interval(secs => (l.x->>'period')::double precision)) ELSE '' END
-               || CASE WHEN b.fields = '{}' THEN ''
-                       ELSE ' by ' || (SELECT string_agg(f || '=' || CASE
-                                                  WHEN jsonb_typeof(v.val->(i::int - 1)) = 'string'
-                                                  THEN v.val->>(i::int - 1)
-                                                  ELSE (v.val->(i::int - 1))::text END,
-                                                  ', ' ORDER BY i)
-                                         FROM unnest(b.fields) WITH ORDINALITY AS u(f, i)) END,
-           b.fields = atlantis.limit_fields(decl.limits)
-      FROM jsonb_array_elements(coalesce(decl.limits, '[]')) AS l(x)
-     CROSS JOIN LATERAL (SELECT coalesce(array_agg(f), '{}') AS fields
-                           FROM jsonb_array_elements_text(l.x->'by') AS f) b
-     CROSS JOIN LATERAL (SELECT atlantis.limit_value(decl, args, b.fields) AS val) v
-     WHERE decl.job IS NOT NULL
-    UNION ALL
-    SELECT 'queue ' || qq.name, 'concurrency', qq.concurrency, NULL::interval, '{}'::text[],
-           '[]'::jsonb, 'queue', 'queue ' || qq.name || ' concurrency ' || qq.concurrency, false
-      FROM atlantis.queues qq
-     WHERE qq.name = q AND qq.concurrency IS NOT NULL
+    SELECT * FROM unnest(atlantis.limit_rows(decl, q, args))
 $$;
 
 -- The running rows a concurrency limit counts: of the queue (scope `queue`), or of the
@@ -1830,16 +1860,20 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A claim of a limited row was refused: tell atlantis.claim_limited what to skip for the
--- rest of its statement, and when trying again makes sense (`wake`; the earliest wins).
-CREATE OR REPLACE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS void
+-- rest of its call (`scope`: `queue`, `job:NAME`, `group`), and when trying again makes
+-- sense (`wake`; the earliest wins). Returns false: called in an assignment, which PL/pgSQL
+-- evaluates without a statement of its own.
+CREATE OR REPLACE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     was text := nullif(current_setting('atlantis.limit_wake', true), '');
+    ignored text;
 BEGIN
-    PERFORM set_config('atlantis.limit_refused', scope, true);
+    ignored := set_config('atlantis.limit_refused', scope, true);
     IF wake IS NOT NULL AND (was IS NULL OR wake < was::timestamptz) THEN
-        PERFORM set_config('atlantis.limit_wake', wake::text, true);
+        ignored := set_config('atlantis.limit_wake', wake::text, true);
     END IF;
+    RETURN false;
 END
 $$;
 
@@ -1852,7 +1886,9 @@ $$;
 -- and none can be in progress. A rate-limited attempt's started_at is the clock time its
 -- start was recorded at, so the windows and the attempts agree.
 CREATE OR REPLACE FUNCTION atlantis.limit_claim() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     decl atlantis.job_types;
     ls atlantis.limit_row[];
@@ -1861,33 +1897,48 @@ DECLARE
     cnt bigint;
     frees timestamptz;
     rated boolean := false;
+    ignored boolean;
 BEGIN
     SELECT t.* INTO decl FROM atlantis.job_types t WHERE t.job = NEW.job;
-    ls := ARRAY(SELECT r::atlantis.limit_row FROM atlantis.row_limits(decl, NEW.queue, NEW.args) r
-                 ORDER BY r.key);
+    ls := atlantis.limit_rows(decl, NEW.queue, NEW.args);
     FOREACH l IN ARRAY ls LOOP
         IF NOT pg_try_advisory_xact_lock(1635019891, hashtext(l.key)) THEN
-            PERFORM atlantis.limit_refuse(l.scope, clock_timestamp() + interval '25 milliseconds');
+            ignored := atlantis.limit_refuse(
+                CASE l.scope WHEN 'job' THEN 'job:' || NEW.job ELSE l.scope END,
+                clock_timestamp() + interval '25 milliseconds');
             RETURN NULL;
         END IF;
     END LOOP;
     c := clock_timestamp();
     FOREACH l IN ARRAY ls LOOP
         IF l.kind = 'concurrency' THEN
-            SELECT count(*) INTO cnt
-              FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val, l.whole);
+            IF l.scope = 'queue' THEN
+                SELECT count(*) INTO cnt FROM atlantis.jobs r
+                 WHERE r.state = 'running' AND r.queue = NEW.queue;
+            ELSIF l.whole THEN
+                SELECT count(*) INTO cnt FROM atlantis.jobs r
+                 WHERE r.state = 'running' AND r.limit_group IS NOT NULL AND r.job = NEW.job
+                   AND r.limit_group = CASE WHEN l.scope = 'job' THEN '' ELSE l.val::text END;
+            ELSE
+                SELECT count(*) INTO cnt
+                  FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val, false);
+            END IF;
             IF cnt >= l.n THEN
-                PERFORM atlantis.limit_refuse(l.scope, NULL);
+                ignored := atlantis.limit_refuse(
+                    CASE l.scope WHEN 'job' THEN 'job:' || NEW.job ELSE l.scope END, NULL);
                 RETURN NULL;
             END IF;
         ELSE
-            SELECT count(*) INTO cnt FROM atlantis.limit_starts s
+            SELECT count(*), min(s.until) INTO cnt, frees FROM atlantis.limit_starts s
              WHERE s.key = l.key AND s.until > c;
             IF cnt >= l.n THEN
-                SELECT s.until INTO frees FROM atlantis.limit_starts s
-                 WHERE s.key = l.key AND s.until > c
-                 ORDER BY s.until OFFSET cnt - l.n LIMIT 1;
-                PERFORM atlantis.limit_refuse(l.scope, frees);
+                IF cnt > l.n THEN  -- the limit was lowered: the window frees later
+                    SELECT s.until INTO frees FROM atlantis.limit_starts s
+                     WHERE s.key = l.key AND s.until > c
+                     ORDER BY s.until OFFSET cnt - l.n LIMIT 1;
+                END IF;
+                ignored := atlantis.limit_refuse(
+                    CASE l.scope WHEN 'job' THEN 'job:' || NEW.job ELSE l.scope END, frees);
                 RETURN NULL;
             END IF;
         END IF;
@@ -1912,55 +1963,69 @@ REVOKE ALL ON FUNCTION atlantis.limit_claim() FROM PUBLIC;
 
 -- Claim up to `n` due rows of limited jobs (jobs.limit_group set) of `jobs` on `queues`, for
 -- idle children only (never ahead). Priority first. Within a priority the groups take turns:
--- passes over the groups, one row of each per pass, while a pass claims something. The
--- groups are found by index probes of jobs_limited_idx (queue, priority, limit_group, ...),
--- at most `span` a priority and call, starting after `after` (the last group the previous
--- call looked at: the groups rotate across calls, whatever their number) and wrapping
--- around. A group (job, queue) whose limit refused a row is skipped for the rest of the call:
--- no row waits behind a full limit. Returns the claimed rows as the `claim` query does, then
--- one row with a NULL id: `wake_in`, in how many seconds to claim again (a rate window
--- frees, a key's lock was taken, or groups were left unlooked at; NULL: nothing to wait
--- for), and `cursor`, the `after` of the next call.
+-- the groups are found by index probes of jobs_limited_idx (queue, priority, limit_group,
+-- ...), at most `span` a priority and call, starting after `after` (the last group the
+-- previous call tried: the groups rotate across calls, whatever their number) and wrapping
+-- around; each statement then claims the first due row of as many untried groups as rows
+-- are wanted, the trigger deciding for each, until enough are claimed; a round of the
+-- groups that claimed something starts again from the first for their next rows. A group
+-- whose row was refused is skipped for the rest of the call, as are the job and the queue
+-- when the refusal was theirs (atlantis.limit_refuse): no row waits behind a full limit.
+-- Returns the claimed rows as the `claim` query does, then one row with a NULL id:
+-- `wake_in`, in how many seconds to claim again (a rate window frees, a key's lock was
+-- taken, or groups were left untried; NULL: nothing to wait for), and `cursor`, the `after`
+-- of the next call.
 CREATE OR REPLACE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int,
                                                   after text DEFAULT NULL)
 RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
                max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
                backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
                wake_in float8, cursor text)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Its statements' plans are made once (a custom plan each call costs more than the call).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     span int := greatest(2 * claim_limited.n + 4, 8);
     q text;
     p int;
     groups text[];
-    grp text;
-    cid bigint;
-    cjob text;
-    got int := 0;
+    pending text[];
+    tried text[];
+    won text[];
+    took bigint[];
+    claimed bigint[] := '{}';
     progress boolean;
     skip_groups text[];
     skip_jobs text[] := '{}';
-    queue_full boolean;
     scope text;
     wake text;
     last text := claim_limited.after;
+    ignored text;
+    nop boolean;
 BEGIN
-    PERFORM set_config('atlantis.limit_wake', '', true);
+    ignored := set_config('atlantis.limit_wake', '', true);
     FOREACH q IN ARRAY claim_limited.queues LOOP
-        EXIT WHEN got >= claim_limited.n;
-        queue_full := false;
+        EXIT WHEN cardinality(claimed) >= claim_limited.n;
         SELECT x.priority INTO p FROM atlantis.jobs x
          WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
-         ORDER BY x.priority LIMIT 1;
-        WHILE p IS NOT NULL AND got < claim_limited.n AND NOT queue_full LOOP
+         ORDER BY x.priority, x.limit_group LIMIT 1;
+        <<priorities>>
+        WHILE p IS NOT NULL AND cardinality(claimed) < claim_limited.n LOOP
             groups := ARRAY(
                 WITH RECURSIVE r(g, k) AS (
-                    SELECT (SELECT x.limit_group FROM atlantis.jobs x
-                             WHERE x.state = 'available' AND x.limit_group IS NOT NULL
-                               AND x.queue = q AND x.priority = p
-                               AND (claim_limited.after IS NULL OR x.limit_group > claim_limited.after)
-                             ORDER BY x.limit_group LIMIT 1), 1
+                    -- Two probes, one of which runs: each seeks its start in the index.
+                    SELECT CASE WHEN claim_limited.after IS NULL
+                                THEN (SELECT x.limit_group FROM atlantis.jobs x
+                                       WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                                         AND x.queue = q AND x.priority = p
+                                       ORDER BY x.limit_group LIMIT 1)
+                                ELSE (SELECT x.limit_group FROM atlantis.jobs x
+                                       WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                                         AND x.queue = q AND x.priority = p
+                                         AND x.limit_group > claim_limited.after
+                                       ORDER BY x.limit_group LIMIT 1) END, 1
                     UNION ALL
                     SELECT (SELECT x.limit_group FROM atlantis.jobs x
                              WHERE x.state = 'available' AND x.limit_group IS NOT NULL
@@ -1987,68 +2052,78 @@ BEGIN
                      WHERE r.g IS NOT NULL AND r.g <= claim_limited.after ORDER BY r.k);
             END IF;
             skip_groups := '{}';
-            LOOP  -- a pass: one row of each group
-                progress := false;
-                FOREACH grp IN ARRAY groups LOOP
-                    EXIT WHEN got >= claim_limited.n OR queue_full;
-                    CONTINUE WHEN grp = ANY (skip_groups);
-                    last := grp;
-                    SELECT x.id, x.job INTO cid, cjob FROM atlantis.jobs x
-                     WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
-                       AND x.priority = p AND x.limit_group = grp AND x.run_at <= now()
-                       AND x.job = ANY (claim_limited.jobs) AND NOT x.job = ANY (skip_jobs)
-                     ORDER BY x.run_at, x.id LIMIT 1
-                       FOR UPDATE SKIP LOCKED;
-                    IF NOT FOUND THEN
-                        skip_groups := skip_groups || grp;  -- nothing due (or free) in it
-                        CONTINUE;
-                    END IF;
-                    PERFORM set_config('atlantis.limit_refused', '', true);
-                    RETURN QUERY
-                    WITH claimed AS (
-                        UPDATE atlantis.jobs j
-                           SET state = 'running', attempt = j.attempt + 1,
-                               claimed_by = claim_limited.worker,
-                               claimed_until = now() + j.heartbeat, started_at = now(),
-                               progress_history = '[]'
-                         WHERE j.id = cid
-                        RETURNING j.id, j.job, j.queue, j.args::text, j.run, j.attempt,
-                                  j.max_attempts, j.cancel_requested_at IS NOT NULL,
-                                  extract(epoch FROM j.timeout)::float8,
-                                  extract(epoch FROM j.heartbeat)::float8,
-                                  extract(epoch FROM j.backoff)::float8, now() + j.timeout,
-                                  j.workflow_id,
-                                  CASE WHEN j.workflow_id IS NULL THEN NULL
-                                       ELSE atlantis.step_context(j.id)::text END,
-                                  NULL::float8, NULL::text
-                    )
-                    SELECT * FROM claimed;
-                    IF FOUND THEN
-                        got := got + 1;
-                        progress := true;
-                    ELSE
-                        scope := current_setting('atlantis.limit_refused', true);
-                        IF scope = 'queue' THEN
-                            queue_full := true;
-                        ELSIF scope = 'job' THEN
-                            skip_jobs := skip_jobs || cjob;
-                        ELSE
-                            skip_groups := skip_groups || grp;
-                        END IF;
-                    END IF;
-                END LOOP;
-                EXIT WHEN NOT progress OR got >= claim_limited.n OR queue_full;
+            pending := groups;
+            progress := false;
+            LOOP
+                IF cardinality(pending) = 0 THEN  -- a round of the groups is over
+                    EXIT WHEN NOT progress;
+                    pending := ARRAY(SELECT g FROM unnest(groups) WITH ORDINALITY AS u(g, o)
+                                      WHERE NOT g = ANY (skip_groups) ORDER BY o);
+                    EXIT WHEN cardinality(pending) = 0;
+                    progress := false;
+                END IF;
+                tried := pending[1:claim_limited.n - cardinality(claimed)];
+                pending := pending[cardinality(tried) + 1:];
+                last := tried[cardinality(tried)];
+                ignored := set_config('atlantis.limit_refused', '', true);
+                -- The first due row of each group tried, unless another claim holds it; the
+                -- trigger decides, row by row, whether it may run.
+                WITH c AS (
+                    UPDATE atlantis.jobs j
+                       SET state = 'running', attempt = j.attempt + 1,
+                           claimed_by = claim_limited.worker,
+                           claimed_until = now() + j.heartbeat, started_at = now(),
+                           progress_history = '[]'
+                      FROM (SELECT h.id, t.g
+                              FROM unnest(tried) AS t(g)
+                             CROSS JOIN LATERAL (
+                                   SELECT x.id FROM atlantis.jobs x
+                                    WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                                      AND x.queue = q AND x.priority = p
+                                      AND x.limit_group = t.g AND x.run_at <= now()
+                                      AND x.job = ANY (claim_limited.jobs)
+                                      AND NOT x.job = ANY (skip_jobs)
+                                    ORDER BY x.run_at, x.id LIMIT 1
+                                      FOR UPDATE SKIP LOCKED) h) pick
+                     WHERE j.id = pick.id
+                    RETURNING j.id, pick.g
+                )
+                SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.g), '{}')
+                  INTO took, won FROM c;
+                claimed := claimed || took;
+                IF cardinality(took) > 0 THEN
+                    progress := true;
+                END IF;
+                -- Refused, nothing due, or held by a claim under way: not again this call.
+                skip_groups := skip_groups || ARRAY(SELECT g FROM unnest(tried) AS t(g)
+                                                     WHERE NOT g = ANY (won));
+                scope := current_setting('atlantis.limit_refused', true);
+                IF scope = 'queue' THEN
+                    EXIT priorities;
+                ELSIF scope LIKE 'job:%' THEN
+                    skip_jobs := skip_jobs || substr(scope, 5);
+                END IF;
+                EXIT WHEN cardinality(claimed) >= claim_limited.n;
             END LOOP;
-            IF cardinality(groups) >= span AND got < claim_limited.n THEN
-                -- Groups left unlooked at: the next call (from `last` on) looks at them.
-                PERFORM atlantis.limit_refuse('', clock_timestamp());
+            IF cardinality(groups) >= span AND cardinality(claimed) < claim_limited.n THEN
+                -- Groups left untried: the next call (from `last` on) tries them.
+                nop := atlantis.limit_refuse('', clock_timestamp());
             END IF;
             SELECT x.priority INTO p FROM atlantis.jobs x
              WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
                AND x.priority > p
-             ORDER BY x.priority LIMIT 1;
+             ORDER BY x.priority, x.limit_group LIMIT 1;
         END LOOP;
     END LOOP;
+    RETURN QUERY
+    SELECT j.id, j.job, j.queue, j.args::text, j.run, j.attempt, j.max_attempts,
+           j.cancel_requested_at IS NOT NULL, extract(epoch FROM j.timeout)::float8,
+           extract(epoch FROM j.heartbeat)::float8, extract(epoch FROM j.backoff)::float8,
+           now() + j.timeout, j.workflow_id,
+           CASE WHEN j.workflow_id IS NULL THEN NULL ELSE atlantis.step_context(j.id)::text END,
+           NULL::float8, NULL::text
+      FROM atlantis.jobs j
+     WHERE j.id = ANY (claimed);
     wake := nullif(current_setting('atlantis.limit_wake', true), '');
     RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int,
                         NULL::int, NULL::boolean, NULL::float8, NULL::float8, NULL::float8,

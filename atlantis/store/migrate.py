@@ -110,6 +110,7 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.workflow_step_states(bigint), atlantis.step_context(bigint),"
     " atlantis.limit_hold(bigint), atlantis.limits_of(bigint), atlantis.limit_usage(text[]),"
     " atlantis.row_limits(atlantis.job_types, text, jsonb),"
+    " atlantis.limit_rows(atlantis.job_types, text, jsonb),"
     " atlantis.limit_value(atlantis.job_types, jsonb, text[]),"
     " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean),"
     " atlantis.limit_fields(jsonb),"

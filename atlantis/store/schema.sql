@@ -113,6 +113,7 @@ CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS
 
 CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer, after text DEFAULT NULL::text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text)
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -189,6 +190,7 @@ CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
 
 CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -251,8 +253,16 @@ CREATE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
 -- Name: limit_refuse(text, timestamp with time zone); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamp with time zone) RETURNS void
+CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: limit_rows(atlantis.job_types, text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb) RETURNS atlantis.limit_row[]
+    LANGUAGE plpgsql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -779,7 +789,8 @@ CREATE VIEW atlantis.job_rows AS
     workflow_id,
     step,
     compensation,
-    result
+    result,
+    limit_group
    FROM atlantis.jobs j;
 
 --

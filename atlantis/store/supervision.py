@@ -312,6 +312,13 @@ async def queue_gauges(db: Connection, queues: list[str]) -> tuple[int, int]:
     return rows[0][0], rows[0][1]
 
 
+async def limit_gauges(db: Connection, queues: list[str]) -> dict[str, tuple[int | None, int]]:
+    """Per queue of ``queues``: (its concurrency limit, None for none; due waiting rows of
+    limited jobs or queues not running yet), from ``atlantis.limit_usage``."""
+    rows = await db.fetch(Q.limit_usage, {"queues": queues}, timeout=5)
+    return {r[0]: (r[1], int(r[4])) for r in rows}
+
+
 async def workflow_gauges(db: Connection) -> dict[str, int]:
     """How many workflows are in each state (every state named, 0 when none is), each
     count at most ``workflows.COUNT_CAP``."""

@@ -74,6 +74,8 @@ class Claimer(Service):
         """``ledger.attempts_ended`` when held rows last went stale: hold none until it moves."""
         self._limited_at = -math.inf
         """When rows of limited jobs were last claimed."""
+        self._plain_at = -math.inf
+        """When the plain claim last ran."""
         self._cursor: str | None = None
         """The group the last limited claim looked at last: the next one starts after it."""
         self._wake_at: float | None = None
@@ -164,6 +166,13 @@ class Claimer(Service):
         want = idle + ahead - len(held)
         if want <= 0:
             return
+        # Every row it may claim is limited (all its jobs declare limits, or all its queues
+        # have one): the plain claim finds only a row enqueued as its limit was declared,
+        # not marked yet; it looks for those once a poll.
+        if (rt.limited_jobs.issuperset(jobs) or rt.limited_queues.issuperset(queues)) \
+                and rt.now() - self._plain_at < rt.settings.poll_interval:
+            return
+        self._plain_at = rt.now()
         # In a transaction: a claim abandoned on a link that delivers it late is rolled back.
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).

@@ -50,6 +50,14 @@ class Metrics:
         self.dead = Gauge(
             "atlantis_dead_jobs", "Jobs of the served queues in the dead-letter queue.",
             registry=self.registry)
+        self.held = Gauge(
+            "atlantis_jobs_held", "Due waiting jobs of limited jobs or queues, not running yet: "
+            "held by a concurrency or rate limit, or not claimed yet (each queue's count stops "
+            "at 10000).", ["queue"], registry=self.registry)
+        self.queue_limit = Gauge(
+            "atlantis_queue_concurrency_limit", "The concurrency limit of a served queue (tide "
+            "queue limit); no sample for a queue without one.", ["queue"],
+            registry=self.registry)
         self.workflows = Gauge(
             "atlantis_workflows", "Workflows in each state, in the whole database (every "
             "supervisor reports the same counts; each stops at 100000).", ["state"],
@@ -74,6 +82,16 @@ class Metrics:
             if histogram is None:
                 histogram = self._durations[queue, job] = self.duration.labels(queue, job)
             histogram.observe(seconds)
+
+    def limits_read(self, usage: dict[str, tuple[int | None, int]]) -> None:
+        """The limit gauges from ``(limit, held)`` by served queue: a queue whose limit was
+        removed loses its ``atlantis_queue_concurrency_limit`` sample."""
+        for queue, (limit, held) in usage.items():
+            self.held.labels(queue).set(held)
+            if limit is not None:
+                self.queue_limit.labels(queue).set(limit)
+            else:
+                self.queue_limit.remove(queue)  # nothing to remove when it had none
 
     def serve(self, port: int, host: str) -> None:
         """Listen on ``host:port``; :class:`MetricsUnavailable` (one line) if it cannot."""

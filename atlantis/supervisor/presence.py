@@ -66,7 +66,7 @@ class Presence(Service):
             await self.register()
 
     async def register(self) -> None:
-        """Write the worker row (and read the queue and workflow gauges): with ``--rss-per-refresh``
+        """Write the worker row (and read the queue, limit and workflow gauges): with ``--rss-per-refresh``
         children's memory read at most, those read least recently first (with 500 attempts
         in flight each is read every 5 refreshes: reading every tree each time cost ~1.5% of
         a core); the others as last read."""
@@ -93,6 +93,10 @@ class Presence(Service):
             return
         rt.metrics.stalled.set(stalled)
         rt.metrics.dead.set(dead)
+        try:
+            rt.metrics.limits_read(await sql.limit_gauges(self.db, list(s.queues)))
+        except (DatabaseUnavailable, StatementRejected):
+            return
         try:
             workflows = await sql.workflow_gauges(self.db)
         except (DatabaseUnavailable, StatementRejected):

@@ -140,6 +140,12 @@
       if (stalled) stalled.hidden = !job.stalled;
       var cr = document.getElementById("cancel-requested");
       if (cr) cr.hidden = !(job.cancel_requested_at && job.state === "running");
+      var held = document.getElementById("held");
+      if (held) {
+        // Stream events carry no "held" (GET /api/jobs/{id} does): keep the last one read.
+        if (job.held !== undefined) text("held-text", job.held || "");
+        held.hidden = job.state !== "available" || !document.getElementById("held-text").textContent;
+      }
       text("holder", job.holder ? job.holder.host + " pid " + (job.holder.pid === null ? "?" : job.holder.pid) : "-");
       tick("lease", job.lease_expires_in, false);
       tick("since-checkpoint", job.since_checkpoint, true);

@@ -43,6 +43,20 @@ CREATE TABLE atlantis.limit_starts (
 CREATE INDEX limit_starts_key_idx ON atlantis.limit_starts (key, until);
 CREATE INDEX limit_starts_job_idx ON atlantis.limit_starts (job_id);
 
+-- atlantis.job_rows (migration 0017) with the row's limit group appended.
+CREATE OR REPLACE VIEW atlantis.job_rows AS
+SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.priority, j.run_at,
+       extract(epoch FROM j.timeout)::float8 AS timeout,
+       extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
+       j.claimed_by, j.claimed_until, j.progress_pct, j.progress_msg, j.progress_at,
+       j.last_error, j.errors, j.error_count, j.created_at, j.started_at, j.finished_at,
+       extract(epoch FROM j.backoff)::float8 AS backoff, j.unique_key, j.cancel_requested_at,
+       j.cancelled_by, j.retried_by, j.retried_at, j.progress_history,
+       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
+       atlantis.stalled(j) AS stalled, now() AS db_now, j.run,
+       j.workflow_id, j.step, j.compensation, j.result, j.limit_group
+  FROM atlantis.jobs j;
+
 -- The functions, with placeholder bodies: functions.sql defines them.
 CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
 LANGUAGE sql AS $$ SELECT NULL::jsonb $$;
@@ -55,6 +69,8 @@ LANGUAGE sql AS $$ SELECT NULL::text $$;
 -- One limit that applies to a row (atlantis.row_limits' rows).
 CREATE TYPE atlantis.limit_row AS (key text, kind text, n int, period interval, fields text[],
                                    val jsonb, scope text, label text, whole boolean);
+CREATE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb)
+RETURNS atlantis.limit_row[] LANGUAGE sql AS $$ SELECT '{}'::atlantis.limit_row[] $$;
 CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 RETURNS TABLE (key text, kind text, n int, period interval, fields text[], val jsonb, scope text,
                label text, whole boolean)
@@ -63,8 +79,8 @@ LANGUAGE sql AS $$ SELECT NULL::text, NULL::text, 0, NULL::interval, NULL::text[
 CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[],
                                        val jsonb, whole boolean) RETURNS SETOF bigint
 LANGUAGE sql AS $$ SELECT 0::bigint WHERE false $$;
-CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS void
-LANGUAGE sql AS $$ SELECT $$;
+CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamptz) RETURNS boolean
+LANGUAGE sql AS $$ SELECT false $$;
 CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
 CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n int,
