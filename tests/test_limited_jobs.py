@@ -267,8 +267,9 @@ def test_a_one_job_key_beside_a_2000_job_key_is_claimed_within_3_claim_rounds(
 def test_a_later_job_of_a_key_does_not_block_its_due_jobs(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # A row scheduled for later holding its key's slot (atlantis.limit_holders counting
-    # `available` rows whose run_at is ahead, as well as running ones): the due rows never run.
+    # A row scheduled for later holding its key's slot (the trigger's count of a key's rows,
+    # atlantis.limit_claim, counting `available` rows whose run_at is ahead as well as
+    # running ones): the due rows never run.
     (later,) = atlantis.enqueue_many(db, "limited.PerKey", [{"key": "k", "hold": 0.02}],
                                      delay=3600, priority=-10)
     due = enqueue(db, "limited.PerKey", [{"key": "k", "hold": 0.02}] * 6)
