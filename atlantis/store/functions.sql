@@ -1686,7 +1686,7 @@ $$;
 -- ---- Limits (migration 0018) ------------------------------------------------------------
 -- A row of a limited job turns `running` only through the trigger jobs_limit_claim
 -- (atlantis.limit_claim). Each limit that applies to the row has a key; under a
--- transaction-scoped advisory lock per key, taken in key order and never waited for, the
+-- transaction-scoped advisory lock per key, taken in one fixed order and never waited for, the
 -- trigger counts what the key holds in a snapshot taken after the lock: running rows for a
 -- concurrency limit (so a slot is free the moment its row leaves `running`, by any path, in
 -- that transaction), open windows of atlantis.limit_starts for a rate. A full limit leaves
