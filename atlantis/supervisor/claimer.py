@@ -157,20 +157,31 @@ class Claimer(Service):
                        or rt.limited_queues.intersection(queues))
         rt.claims_ahead = not limited
         ahead = 0 if limited else self._ahead()
-        # Without limits of its own, a supervisor still looks for limited rows once a poll:
-        # rows marked by limits declared in a newer app, or by a queue limit just removed.
-        if idle and (limited or rt.now() - self._limited_at >= rt.settings.poll_interval):
-            self._limited_at = rt.now()
+        if limited and idle:
             idle -= await self._claim_limited(queues, jobs, idle)
         if not idle and len(held) > ahead // 2:
             return  # enough held: top up in batches, not one row per finished attempt
         want = idle + ahead - len(held)
-        if want <= 0:
-            return
+        if want > 0:
+            await self._claim_plain(queues, jobs, want, limited)
+        # Without limits of its own, a supervisor still looks for limited rows once a poll,
+        # after its own work: rows marked by limits declared in a newer app, or by a queue
+        # limit just removed.
+        idle = self.idle()
+        if not limited and idle and rt.now() - self._limited_at >= rt.settings.poll_interval:
+            self._limited_at = rt.now()
+            await self._claim_limited(queues, jobs, idle)
+
+    async def _claim_plain(self, queues: list[str], jobs: list[str], want: int,
+                           limited: bool) -> None:
+        """Claim up to ``want`` rows no limit applies to (and hold those beyond the idle
+        children's)."""
+        rt = self.rt
         # Every row it may claim is limited (all its jobs declare limits, or all its queues
         # have one): the plain claim finds only a row enqueued as its limit was declared,
         # not marked yet; it looks for those once a poll.
-        if (rt.limited_jobs.issuperset(jobs) or rt.limited_queues.issuperset(queues)) \
+        if limited and (rt.limited_jobs.issuperset(jobs)
+                        or rt.limited_queues.issuperset(queues)) \
                 and rt.now() - self._plain_at < rt.settings.poll_interval:
             return
         self._plain_at = rt.now()
