@@ -2105,7 +2105,8 @@ BEGIN
                 END IF;
                 EXIT WHEN cardinality(claimed) >= claim_limited.n;
             END LOOP;
-            IF cardinality(groups) >= span AND cardinality(claimed) < claim_limited.n THEN
+            EXIT WHEN cardinality(claimed) >= claim_limited.n;
+            IF cardinality(groups) >= span THEN
                 -- Groups left untried: the next call (from `last` on) tries them.
                 nop := atlantis.limit_refuse('', clock_timestamp());
             END IF;
