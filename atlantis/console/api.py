@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 import psycopg
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -24,7 +23,7 @@ from atlantis.console.actions import do_bulk as do_bulk
 from atlantis.console.actions import handle as handle
 from atlantis.console.actions import record_audit, recorded_by
 from atlantis.console.auth import Principal
-from atlantis.console.common import INT_MAX
+from atlantis.console.common import INT_MAX, json_body
 from atlantis.console.common import KEEPALIVE as KEEPALIVE
 from atlantis.console.common import PAGE_LIMIT as PAGE_LIMIT
 from atlantis.console.common import ApiError as ApiError
@@ -194,19 +193,6 @@ async def events(request: Request) -> Response:
     return await _stream(request, _drain(request, broker, sub, []))
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
 @handle
 async def retry(request: Request) -> Response:
     who = require_write(request)
@@ -227,7 +213,7 @@ async def delete(request: Request) -> Response:
 
 @handle
 async def bulk(request: Request) -> Response:
-    body = await _body(request)
+    body = await json_body(request)
     if body.get("dry_run"):
         require_read(request)
         return json(await do_bulk(request, None, body))
@@ -256,7 +242,7 @@ async def set_paused(request: Request, who: Principal, queue: str, paused: bool,
 @handle
 async def pause(request: Request) -> Response:
     who = require_write(request)
-    body = await _body(request)
+    body = await json_body(request)
     reason = body.get("reason")
     if reason is not None:
         text_param(reason, "reason")

@@ -42,6 +42,20 @@ def error(status: int, message: str) -> Response:
     return json({"error": message}, status)
 
 
+async def json_body(request: Request) -> dict[str, Any]:
+    """A request's JSON object body ({} when empty); 400 when it is not one."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
 def settings_of(request: Request) -> Settings:
     value: Settings = request.app.state.settings
     return value

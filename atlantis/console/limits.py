@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote
 
-import orjson
 import psycopg
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -27,6 +26,7 @@ from atlantis.console.common import (
     ApiError,
     db_of,
     json,
+    json_body,
     require_write,
     text_param,
 )
@@ -91,23 +91,10 @@ async def set_limit(request: Request, who: Principal, queue: str,
     return {"queue": queue, "concurrency": concurrency, "was": was}
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
 @handle
 async def limit_api(request: Request) -> Response:
     who = require_write(request)
-    concurrency = api_concurrency(await _body(request))
+    concurrency = api_concurrency(await json_body(request))
     return json(await set_limit(request, who, request.path_params["name"], concurrency))
 
 

@@ -21,7 +21,6 @@ class Queries:
     claim_limited: LiteralString
     limit_mark: LiteralString
     limit_sweep: LiteralString
-    limited_queues: LiteralString
     limit_usage: LiteralString
     limit_hold: LiteralString
     set_queue_limit: LiteralString
@@ -45,7 +44,7 @@ class Queries:
     queue_known: LiteralString
     attempt_state: LiteralString
     cancel_requests: LiteralString
-    paused_queues: LiteralString
+    queue_flags: LiteralString
     log_insert: LiteralString
     log_trim: LiteralString
     queue_gauges: LiteralString

@@ -341,12 +341,10 @@ SELECT state, run, attempt, claimed_by FROM atlantis.jobs WHERE id = %(id)s
 SELECT id FROM atlantis.jobs
  WHERE claimed_by = %(worker)s AND state = 'running' AND cancel_requested_at IS NOT NULL
 
--- name: paused_queues
-SELECT name FROM atlantis.queues WHERE paused AND name = ANY(%(queues)s::text[])
-
--- name: limited_queues
--- Served queues with a queue-wide concurrency limit (tide queue limit).
-SELECT name FROM atlantis.queues WHERE concurrency IS NOT NULL AND name = ANY(%(queues)s::text[])
+-- name: queue_flags
+-- Served queues an operator paused, or gave a queue-wide concurrency limit (tide queue limit).
+SELECT name, paused, concurrency IS NOT NULL AS limited FROM atlantis.queues
+ WHERE name = ANY(%(queues)s::text[]) AND (paused OR concurrency IS NOT NULL)
 
 -- name: limit_usage
 -- Per queue: its limit, rows running, slots in use, rows held (atlantis.limit_usage).

@@ -256,13 +256,11 @@ async def cancel_requests(db: Connection, worker: str) -> list[int]:
                                                     timeout=5)]
 
 
-async def paused_queues(db: Connection, queues: list[str]) -> set[str]:
-    return {q for (q,) in await db.fetch(Q.paused_queues, {"queues": queues}, timeout=5)}
-
-
-async def limited_queues(db: Connection, queues: list[str]) -> set[str]:
-    """Those of ``queues`` with a queue-wide concurrency limit (tide queue limit)."""
-    return {q for (q,) in await db.fetch(Q.limited_queues, {"queues": queues}, timeout=5)}
+async def queue_flags(db: Connection, queues: list[str]) -> tuple[set[str], set[str]]:
+    """Those of ``queues`` an operator paused, and those with a queue-wide concurrency limit
+    (tide queue limit)."""
+    rows = await db.fetch(Q.queue_flags, {"queues": queues}, timeout=5)
+    return {q for q, paused, _ in rows if paused}, {q for q, _, limited in rows if limited}
 
 
 async def limit_sweep(db: Connection, batch: int) -> int:

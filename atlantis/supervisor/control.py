@@ -104,32 +104,31 @@ class Control(Service):
         rt = self.rt
         while True:
             try:
-                paused: set[str] | None = await sql.paused_queues(self.db_poll,
-                                                                  list(rt.settings.queues))
+                paused, limited = await sql.queue_flags(self.db_poll, list(rt.settings.queues))
             except (DatabaseUnavailable, StatementRejected):
-                paused = None
-            if paused is not None and paused != rt.paused:
-                for q in sorted(paused - rt.paused):
-                    log.warning("queue %s is paused: claiming nothing from it", q)
-                for q in sorted(rt.paused - paused):
-                    log.warning("queue %s is resumed", q)
-                rt.paused = paused
-                rt.metrics.paused.set(len(paused))
-                rt.wake.set()
-            try:
-                limited: set[str] | None = await sql.limited_queues(self.db_poll,
-                                                                    list(rt.settings.queues))
-            except (DatabaseUnavailable, StatementRejected):
-                limited = None
-            if limited is not None and limited != rt.limited_queues:
-                for q in sorted(limited - rt.limited_queues):
-                    log.warning("queue %s has a concurrency limit now", q)
-                for q in sorted(rt.limited_queues - limited):
-                    log.warning("queue %s has no concurrency limit now", q)
-                rt.limited_queues = limited
-                rt.wake.set()
+                pass
+            else:
+                if paused != rt.paused:
+                    _changed(rt.paused, paused, "is paused: claiming nothing from it",
+                             "is resumed")
+                    rt.paused = paused
+                    rt.metrics.paused.set(len(paused))
+                    rt.wake.set()
+                if limited != rt.limited_queues:
+                    _changed(rt.limited_queues, limited, "has a concurrency limit now",
+                             "has no concurrency limit now")
+                    rt.limited_queues = limited
+                    rt.wake.set()
             self._pause_now.clear()
             try:
                 await asyncio.wait_for(self._pause_now.wait(), rt.settings.pause_poll)
             except TimeoutError:
                 pass
+
+
+def _changed(was: set[str], now: set[str], added: str, removed: str) -> None:
+    """Log the queues that came into ``now`` and those that left it."""
+    for q in sorted(now - was):
+        log.warning("queue %s %s", q, added)
+    for q in sorted(was - now):
+        log.warning("queue %s %s", q, removed)
