@@ -175,7 +175,13 @@ def aborted_scenario(db_url: str, outside: psycopg.Connection[Any]) -> None:
     assert count(outside, "dj-aborted") == 0
 
 
+class Psycopg2Connection:
+    """Stands in for the connection a psycopg2 backend hands over."""
+
+
 def autocommit_and_more_scenario(db_url: str, outside: psycopg.Connection[Any]) -> None:
+    from django.db import connections
+
     from atlantis.integrations import django as jobs
 
     # Outside atomic() Django autocommits: the job is there at once, as an ORM write is.
@@ -197,6 +203,19 @@ def autocommit_and_more_scenario(db_url: str, outside: psycopg.Connection[Any]) 
         pass
     else:
         raise AssertionError("an unknown workflow started")
+    # A backend connecting with psycopg2 (psycopg 3, installed with atlantis, is what
+    # Django's own backend picks): the connection it hands over is not psycopg 3's.
+    wrapper = connections["default"]
+    real, wrapper.connection = wrapper.connection, Psycopg2Connection()
+    try:
+        jobs.enqueue("tests.Echo", {"key": "dj-auto"})
+    except atlantis.ConfigurationError as exc:
+        assert "connects with tests.test_integrations_django.Psycopg2Connection: atlantis " \
+            "needs psycopg 3" in str(exc), exc
+    else:
+        raise AssertionError("enqueued on a connection that is not psycopg 3's")
+    finally:
+        wrapper.connection = real
     try:
         jobs.enqueue("tests.Echo", {"key": "dj-auto"}, using="other")
     except atlantis.ConfigurationError as exc:

@@ -8,6 +8,8 @@ rolled-back one leaves none, and a refused enqueue leaves the session's transact
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,3 +194,11 @@ def test_other_databases_and_drivers_are_refused(tmp_path: Any) -> None:
         with pytest.raises(atlantis.ConfigurationError,
                            match=f"postgresql\\+{driver}: atlantis needs the psycopg 3"):
             jobs._check(dialect, object(), psycopg.Connection)
+
+
+def test_import_atlantis_imports_neither_framework() -> None:
+    code = ("import sys, atlantis; "
+            "print(sorted({'django', 'sqlalchemy', 'atlantis.integrations'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out.strip() == "[]"
