@@ -14,8 +14,8 @@ the transaction the ``atomic()`` block opened: supervisors see the job when that
 commits, never before, and a block that rolls back (an exception leaves it) takes the job
 with it. Outside any ``atomic()`` block Django runs in autocommit, and the job is
 committed at once, as the ORM's writes are. A refused call (an unknown job, bad args)
-raises the atlantis error and, run under a savepoint, leaves the block's transaction
-usable.
+raises the atlantis error and leaves the block's transaction usable, with all that was
+done in it (a savepoint undoes the one statement).
 
 There is no ``on_commit`` variant, on purpose: a job enqueued from
 ``transaction.on_commit`` is written after the commit, so a crash or a lost connection

@@ -14,9 +14,10 @@ The job's row is written on the connection the session (or the ``Connection`` gi
 holds, in its transaction, which this begins if it has not yet: supervisors see the job
 when that transaction commits, never before, and a rollback (``session.rollback()``, or an
 exception leaving ``session.begin()``) takes the job with it. A refused call (an unknown
-job, bad args) raises the atlantis error and, run under a savepoint, leaves the
-transaction usable. ``AsyncSession`` and ``AsyncConnection`` have the ``*_async`` twins (SQLAlchemy's asyncio
-needs ``greenlet``: ``pip install 'sqlalchemy[asyncio]'``).
+job, bad args) raises the atlantis error and leaves the transaction usable, with all that
+was done in it (a savepoint undoes the one statement). ``AsyncSession`` and
+``AsyncConnection`` have the ``*_async`` twins (SQLAlchemy's asyncio needs ``greenlet``:
+``pip install 'sqlalchemy[asyncio]'``).
 
 There is no ``after_commit`` variant, on purpose: a job enqueued from a commit hook is
 written after the commit, so a crash or a lost connection between the two loses it while
@@ -69,14 +70,14 @@ def connection(bind: Bind) -> psycopg.Connection[Any]:
     ``atlantis.retry(connection(session), job_id)``.
     """
     conn = bind if isinstance(bind, Connection) else bind.connection()
-    if not conn.in_transaction():
-        # Commit-as-you-go: begin as the first execute would, so that conn.commit()
-        # commits what atlantis writes (it would be a no-op with no transaction begun).
-        conn.begin()
     raw = conn.connection.driver_connection
     _check(conn.dialect, raw, psycopg.Connection)
     assert isinstance(raw, psycopg.Connection)
     check_not_aborted(raw, "SQLAlchemy connection")
+    if not conn.in_transaction():
+        # Commit-as-you-go: begin as the first execute would, so that conn.commit()
+        # commits what atlantis writes (it would be a no-op with no transaction begun).
+        conn.begin()
     return raw
 
 
@@ -85,12 +86,12 @@ async def async_connection(bind: AsyncBind) -> psycopg.AsyncConnection[Any]:
     from sqlalchemy.ext.asyncio import AsyncConnection
 
     conn = bind if isinstance(bind, AsyncConnection) else await bind.connection()
-    if not conn.in_transaction():
-        await conn.begin()
     raw = (await conn.get_raw_connection()).driver_connection
     _check(conn.dialect, raw, psycopg.AsyncConnection)
     assert isinstance(raw, psycopg.AsyncConnection)
     check_not_aborted(raw, "SQLAlchemy connection")
+    if not conn.in_transaction():
+        await conn.begin()
     return raw
 
 
