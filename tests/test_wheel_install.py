@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,13 @@ def _build_wheel(tmp: Path, env: dict[str, str]) -> Path:
           backend["build-backend"], str(dist)], src, env)
     built = sorted(dist.glob("atlantis_jobs-*.whl"))
     assert len(built) == 1, built
+    # Every file of the package ships, data included (SQL, grammar, console templates).
+    package = src / "atlantis"
+    wanted = {f"atlantis/{f.relative_to(package).as_posix()}" for f in package.rglob("*")
+              if f.is_file()}
+    with zipfile.ZipFile(built[0]) as wheel:
+        missing = wanted - set(wheel.namelist())
+    assert not missing, f"the wheel lacks {sorted(missing)}"
     return built[0]
 
 
