@@ -90,6 +90,8 @@ def main(**values: Any) -> None:
         check_url(url)
         if settings.handler_database_url:
             check_url(settings.handler_database_url)
+        if settings.listen_database_url:
+            check_url(settings.listen_database_url)
     except ValueError as exc:  # the message is already free of any password
         _fail(f"--database-url: {exc}" if url == explicit else str(exc))
     if settings.log_format == "json":
