@@ -228,6 +228,10 @@ def test_listen_options_are_checked(db_url: str, supervise: Any) -> None:
     sup = supervise("--no-listen", "--listen-database-url", db_url)
     assert sup.wait() == 2
     assert "--listen-database-url and --no-listen exclude each other" in sup.log()
+    bad = supervise("--listen-database-url", "host='x password=s3cretpw")
+    assert bad.wait() == 2
+    assert "--listen-database-url: invalid database URL" in bad.log()
+    assert "s3cretpw" not in bad.log()
 
 
 # ---- a PostgreSQL restart behind the pooler ---------------------------------------------------
