@@ -15,7 +15,6 @@ it through ``scripts/test``).
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -32,7 +31,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from atlantis.store.database import SERVER_USER
+from atlantis.store.embedded import SERVER_USER
 
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
@@ -191,30 +190,31 @@ def stop_server(home: Path, timeout: float = 30.0) -> None:
 
 
 def start_server(home: Path) -> str:
-    """Start an embedded server of the test's own under ``home`` (as atlantis starts one,
-    in a process of its own that leaves it running); its URL."""
-    code = ("import sys; from pathlib import Path; "
-            "from atlantis.store.database import embedded_url; print(embedded_url(Path(sys.argv[1])))")
-    out = subprocess.run([sys.executable, "-c", code, str(home)], capture_output=True,
-                         text=True, timeout=120, check=False)
+    """Start an embedded server of the test's own under ``home``, of the suite's major (as
+    atlantis starts one: in a process of its own that leaves it running); its URL."""
+    from tests.conftest import suite_major
+
+    code = ("import sys; from pathlib import Path; from atlantis.store.embedded import "
+            "embedded_url; print(embedded_url(Path(sys.argv[1]), major=int(sys.argv[2])))")
+    out = subprocess.run([sys.executable, "-c", code, str(home), str(suite_major())],
+                         capture_output=True, text=True, timeout=120, check=False)
     if out.returncode != 0:
         raise AssertionError(f"the embedded server did not start: {out.stderr[-2000:]}")
     return out.stdout.strip().splitlines()[-1]
 
 
 def restart_server(home: Path) -> None:
-    """``pg_ctl restart`` (fast) of the embedded server under ``home``, run as the user the
-    server runs as: pg_ctl of the server's own binaries, found in its ``postmaster.opts``."""
-    opts = next(home.rglob("postmaster.opts"))
-    postgres = shlex.split(opts.read_text())[0]
-    pg_ctl = Path(postgres).parent / "pg_ctl"
-    data = opts.parent
+    """``pg_ctl restart`` (fast) of the embedded server under ``home`` (started by
+    :func:`start_server`), run as the user the server runs as."""
+    from tests.conftest import pg_bin
+
+    data = next(home.rglob("postmaster.pid")).parent
     kwargs: dict[str, Any] = {}
     if os.geteuid() == 0:
         import pwd
 
         entry = pwd.getpwnam(SERVER_USER)
         kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-    subprocess.run([str(pg_ctl), "-D", str(data), "-m", "fast", "-w", "-t", "60",
+    subprocess.run([str(pg_bin() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60",
                     "-l", str(data / "restart.log"), "restart"], check=True, timeout=90,
                    cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
