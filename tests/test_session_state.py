@@ -22,7 +22,8 @@ under ``atlantis/`` (docstrings aside). Refused:
   refuses unless told to ignore it.
 
 SQL keywords in Python strings are matched in upper case (the house style writes SQL so),
-which keeps English prose such as "Set the ..." out of it.
+which keeps English prose such as "Set the ..." out of it; a string passed straight to
+``execute`` (or the supervisor's ``fetch``) is a statement, read in any case.
 """
 
 from __future__ import annotations
@@ -203,14 +204,32 @@ _CANDIDATE = re.compile(r"SET|LISTEN|PREPARE|DEALLOCATE|HOLD|TEMP|set_config|adv
                         re.IGNORECASE)
 
 
-def _python_strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+#: Methods whose first argument is a statement: read in any case.
+_RUNNERS = {"execute", "executemany", "fetch", "fetch_rows", "fetch_one", "fetch_one_async"}
+
+
+def _text(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else " _value_ "
+                       for v in node.values)
+    return None
+
+
+def _python_strings(tree: ast.AST) -> Iterator[tuple[int, str, bool]]:
+    """(line, text, whether it is a statement run as such) of every string but docstrings."""
     skip = _docstrings(tree)
+    statements = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            yield node.lineno, node.value
-        elif isinstance(node, ast.JoinedStr):
-            parts = [v.value if isinstance(v, ast.Constant) else " _value_ " for v in node.values]
-            yield node.lineno, "".join(str(p) for p in parts)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _RUNNERS and node.args):
+            statements.add(id(node.args[0]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in skip:
+            text = _text(node)
+            if text is not None:
+                yield node.lineno, text, id(node) in statements
 
 
 def _connection_options(tree: ast.AST, rel: Path) -> Iterator[Finding]:
@@ -240,9 +259,9 @@ def findings() -> list[Finding]:
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(ROOT)
         tree = ast.parse(path.read_text("utf-8"))
-        for line, text in _python_strings(tree):
+        for line, text, statement in _python_strings(tree):
             if _CANDIDATE.search(text):
-                found += scan(text, f"{rel}:{line}", case_sensitive=True)
+                found += scan(text, f"{rel}:{line}", case_sensitive=not statement)
         found += _connection_options(tree, rel)
     return found
 
@@ -317,3 +336,10 @@ def test_listen_only_in_the_listen_queries() -> None:
 def test_python_strings_are_matched_in_upper_case() -> None:
     assert list(scan("SET statement_timeout = 0", "x.py:1", case_sensitive=True))
     assert not list(scan("Set the limit of a queue", "x.py:1", case_sensitive=True))
+
+
+def test_statements_run_from_python_are_read_in_any_case() -> None:
+    tree = ast.parse('conn.execute("set statement_timeout = 0")\nlog("Set the limit")\n')
+    found = [t for _, t, statement in _python_strings(tree) if statement]
+    assert found == ["set statement_timeout = 0"]
+    assert list(scan(found[0], "x.py:1", case_sensitive=False))
