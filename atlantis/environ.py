@@ -8,6 +8,10 @@ DATABASE_URL = "ATLANTIS_DATABASE_URL"
 #: The database URL handed to children instead of the supervisor's own.
 HANDLER_DATABASE_URL = "ATLANTIS_HANDLER_DATABASE_URL"
 
+#: Where atlantis-supervise LISTENs: a direct connection when its own URL goes through a
+#: pooler (``--listen-database-url``). Never handed to a child.
+LISTEN_DATABASE_URL = "ATLANTIS_LISTEN_DATABASE_URL"
+
 #: The app to import: a module, or ``module:attribute``.
 APP = "ATLANTIS_APP"
 

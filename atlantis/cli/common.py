@@ -130,8 +130,10 @@ def connection(ctx: click.Context, *, autocommit: bool = True,
     if chosen is not None or "connect_timeout" not in (_conninfo(url) or {}):
         waits["connect_timeout"] = connect_timeout(connect_s)
     try:
+        # No prepared statements: through PgBouncer in transaction mode a statement
+        # prepared in one transaction is gone in the next (tide job watch repeats one).
         conn = DeadlineConnection.connect(url, autocommit=autocommit, application_name="tide",
-                                          **waits)
+                                          prepare_threshold=None, **waits)
     except psycopg.errors.ConnectionTimeout:
         fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}")
     except (psycopg.Error, OSError) as exc:

@@ -34,7 +34,9 @@ class Database:
     def __init__(self, url: str, *, max_size: int = 4) -> None:
         self.pool = ConnectionPool(url, min_size=1, max_size=max_size, open=False,
                                    kwargs={"autocommit": True,
-                                           "application_name": "atlantis-console"})
+                                           "application_name": "atlantis-console",
+                                           # works through PgBouncer in transaction mode
+                                           "prepare_threshold": None})
 
     def open(self) -> None:
         self.pool.open(wait=False)

@@ -6,6 +6,12 @@ so that a refused one leaves the caller's transaction usable; with none open, it
 implicit transaction's only statement, rolled back when it fails (on a connection that does
 not autocommit). An error of PostgreSQL's is raised as ``translate`` makes it (an atlantis
 error for the SQLSTATEs the caller knows), without the psycopg error chained to it.
+
+Every statement here passes ``prepare=False``: psycopg prepares a statement on the server
+once a connection has run it five times (its default ``prepare_threshold``), and the
+caller's connection may go through PgBouncer in transaction mode, where the next
+transaction can land on a server connection that never saw it ("prepared statement
+_pg3_0 does not exist"). The caller's other statements are the caller's business.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ def fetch_one(conn: psycopg.Connection[Any], query: LiteralString, params: dict[
     try:
         if in_tx:
             with conn.transaction():  # a savepoint: never commits the caller's work
-                return conn.execute(query, params).fetchone()
-        return conn.execute(query, params).fetchone()
+                return conn.execute(query, params, prepare=False).fetchone()
+        return conn.execute(query, params, prepare=False).fetchone()
     except psycopg.Error as exc:
         if not in_tx and not conn.autocommit and not conn.closed:
             conn.rollback()
@@ -42,8 +48,8 @@ async def fetch_one_async(conn: psycopg.AsyncConnection[Any], query: LiteralStri
     try:
         if in_tx:
             async with conn.transaction():  # a savepoint: never commits the caller's work
-                return await (await conn.execute(query, params)).fetchone()
-        return await (await conn.execute(query, params)).fetchone()
+                return await (await conn.execute(query, params, prepare=False)).fetchone()
+        return await (await conn.execute(query, params, prepare=False)).fetchone()
     except psycopg.Error as exc:
         if not in_tx and not conn.autocommit and not conn.closed:
             await conn.rollback()

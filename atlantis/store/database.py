@@ -186,4 +186,8 @@ def announce(url: str, *, embedded: bool) -> None:
 
 
 def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection for atlantis's one-off work (migrate, sync): it prepares no statement,
+    so that it works through a pooler in transaction mode too (PgBouncer), where a
+    statement prepared in one transaction is gone in the next."""
+    kwargs.setdefault("prepare_threshold", None)
     return psycopg.connect(url, autocommit=autocommit, application_name="atlantis", **kwargs)

@@ -92,6 +92,11 @@ def main(**values: Any) -> None:
             check_url(settings.handler_database_url)
     except ValueError as exc:  # the message is already free of any password
         _fail(f"--database-url: {exc}" if url == explicit else str(exc))
+    try:
+        if settings.listen_database_url:
+            check_url(settings.listen_database_url)
+    except ValueError as exc:
+        _fail(f"--listen-database-url: {exc}")
     if settings.log_format == "json":
         # Every line on stderr is then JSON, this one included.
         kind = "database" if explicit else "embedded PostgreSQL"

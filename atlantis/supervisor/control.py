@@ -4,6 +4,13 @@ New work on a served queue wakes the claimer; an operator's cancel reaches its a
 through the ledger; a pause, a resume or a queue limit is looked up at once. NOTIFYs are a fast path
 only: a poll finds the cancels (for attempts whose renewals come too seldom to carry them)
 and the paused queues that a lost notification never announced.
+
+LISTEN runs on its own connection, to ``--listen-database-url`` when given (a direct one
+past a pooler). Polling only, there is none: with ``--no-listen``, or once the LISTEN
+connection turns out to go through a pooler in transaction mode, where notifications are
+lost (:mod:`atlantis.supervisor.pooler`). Then the claimer finds new work every
+``--poll-interval`` (1s), cancels are polled every ``--cancel-poll`` (1s) and pauses every
+``--poll-interval`` too, so that each still reaches the supervisor within about a second.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from atlantis.store import supervision as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -26,11 +34,16 @@ class Control(Service):
 
     def __init__(self, rt: Runtime) -> None:
         super().__init__(rt)
-        self.db_listen = rt.db("listen")
+        self.polling = rt.settings.no_listen
+        """No LISTEN: ``--no-listen``, or the LISTEN connection goes through a pooler."""
         self.db_poll = rt.db("poll")
         self._pause_now = asyncio.Event()
 
     def loops(self) -> list[Loop]:
+        if self.polling:
+            log.info("polling only (--no-listen): new work every %s, cancels and pauses "
+                     "within about a second", format_duration(self.rt.settings.poll_interval))
+            return [self._cancel_loop, self._pause_loop]
         return [self._listen_loop, self._cancel_loop, self._pause_loop]
 
     async def _listen_loop(self) -> None:
@@ -43,7 +56,7 @@ class Control(Service):
         """
         rt = self.rt
         queues = set(rt.settings.queues)
-        db = self.db_listen
+        db = rt.db("listen")
         session = db.connects
         while not rt.draining:
             try:
@@ -51,6 +64,15 @@ class Control(Service):
             except (DatabaseUnavailable, StatementRejected):
                 await asyncio.sleep(0.1)  # the connection's backoff paces the retries
                 continue
+            if db.pooled:
+                log.warning("the LISTEN connection goes through a connection pooler, where "
+                            "notifications are lost: polling only (new work every %s); give "
+                            "--listen-database-url a direct URL, or --no-listen",
+                            format_duration(rt.settings.poll_interval))
+                self.polling = True
+                await db.close()
+                rt.wake.set()
+                return
             if db.connects != session:
                 session = db.connects
                 rt.wake.set()  # anything enqueued while we were not listening
@@ -120,8 +142,11 @@ class Control(Service):
                     rt.limited_queues = limited
                     rt.wake.set()
             self._pause_now.clear()
+            every = rt.settings.pause_poll
+            if self.polling:  # no NOTIFY says it sooner
+                every = min(every, rt.settings.poll_interval)
             try:
-                await asyncio.wait_for(self._pause_now.wait(), rt.settings.pause_poll)
+                await asyncio.wait_for(self._pause_now.wait(), every)
             except TimeoutError:
                 pass
 

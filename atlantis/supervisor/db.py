@@ -23,13 +23,15 @@ the caller can find the offending row and fail only that one; everything else (a
 connection, 57P, 25xxx such as a read-only standby, XX, and whatever else the server may
 say) is :class:`DatabaseUnavailable`: an outage to ride out with backoff. The supervisor
 never exits because of a database error.
+
+A connection that goes through a pooler in transaction mode prepares no statement
+(:mod:`atlantis.supervisor.pooler`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
@@ -39,6 +41,7 @@ from psycopg.rows import class_row, dict_row
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from atlantis.store.database import describe_db_error
+from atlantis.supervisor import pooler
 from atlantis.supervisor.settings import Settings
 from atlantis.units import format_duration
 
@@ -156,9 +159,14 @@ class Health:
 class Db:
     """One role's connection; see the module docstring for the waiting rules."""
 
-    def __init__(self, url: str, role: str, timing: Timing, health: Health | None = None) -> None:
+    def __init__(self, url: str, role: str, timing: Timing, health: Health | None = None, *,
+                 pooled: bool = False) -> None:
         self.url = url
         self.role = role
+        self.declared_pooled = pooled
+        """``--pooled``: never prepare, and do not ask."""
+        self.pooled: bool | None = True if pooled else None
+        """Whether the latest connection goes through a pooler (None: none made yet)."""
         self.timing = timing
         self._wait = wait_random_exponential(multiplier=timing.reconnect_first,
                                              max=timing.reconnect_max)
@@ -262,12 +270,9 @@ class Db:
             budget = min(self.timing.connect_timeout, deadline - loop.time())
             try:
                 async with asyncio.timeout(budget):
-                    conn = await psycopg.AsyncConnection.connect(
-                        self.url, autocommit=True, connect_timeout=max(2, math.ceil(budget)),
-                        application_name=f"atlantis-supervise:{self.role}",
-                        keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                    )
-            except (psycopg.OperationalError, TimeoutError) as exc:
+                    conn, pooled = await pooler.connect(self.url, self.role, budget,
+                                                        pooled=self.declared_pooled)
+            except (psycopg.Error, TimeoutError) as exc:
                 self._last_error = describe_db_error(exc, self.url) if str(exc).strip() else "connection attempt timed out"
                 self._failures += 1
                 self._retry_at = loop.time() + self._backoff()
@@ -278,6 +283,7 @@ class Db:
             if self._failures:
                 log.info("database connection %s re-established after %d failed attempts",
                          self.role, self._failures)
+            self.pooled = pooled
             self._failures = 0
             self._retry_at = 0.0
             self._conn = conn

@@ -69,7 +69,9 @@ class Runtime:
         for conn in self._dbs:
             if conn.role == role:
                 return conn
-        conn = Db(self.settings.database_url, role, self._timing, self.health)
+        conn = Db(self.settings.role_url(role), role, self._timing, self.health,
+                  pooled=self.settings.pooled
+                  and self.settings.role_url(role) == self.settings.database_url)
         self._dbs.append(conn)
         return conn
 

@@ -40,6 +40,17 @@ class Settings:
         "str", f"What children get as {environ.DATABASE_URL} (a less privileged role); when "
         "set, the supervisor's own URL and PG* variables never reach a child "
         f"(or {environ.HANDLER_DATABASE_URL}).", default="")
+    listen_database_url: str = _opt(
+        "str", "Where to LISTEN for new work, cancels and pauses: a direct connection to "
+        "PostgreSQL, when --database-url goes through PgBouncer in transaction mode (or "
+        f"{environ.LISTEN_DATABASE_URL}).", default="")
+    no_listen: bool = _opt(
+        "flag", "Poll only, no LISTEN: new work is found within --poll-interval (1s), cancels "
+        "and pauses within about a second.", default=False)
+    pooled: bool = _opt(
+        "flag", "--database-url goes through a connection pooler in transaction mode: no "
+        "prepared statements. Detected by itself for PgBouncer and any pooler that answers "
+        "with its own cancel keys.", default=False)
     concurrency: int = _opt("int", "Children, hence attempts at once; default: number of CPUs.",
                             default_factory=lambda: os.cpu_count() or 1)
     drain_timeout: float = _opt("duration", "On SIGTERM/SIGINT: how long in-flight attempts may "
@@ -191,6 +202,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.metadata["kind"] in ("int", "size") and value is not None and value < 0:
                 raise ConfigurationError(f"{option_name(f)} must not be negative")
+        if self.no_listen and self.listen_database_url:
+            raise ConfigurationError("--listen-database-url and --no-listen exclude each other")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
@@ -211,6 +224,13 @@ class Settings:
     def child_database_url(self) -> str:
         return self.handler_database_url or self.database_url
 
+    def role_url(self, role: str) -> str:
+        """The URL of the supervisor's connection ``role``: ``--listen-database-url`` for the
+        LISTEN connection when given, ``--database-url`` for every other."""
+        if role == "listen" and self.listen_database_url:
+            return self.listen_database_url
+        return self.database_url
+
 
 def option_name(f: dataclasses.Field[Any]) -> str:
     return str(f.metadata["option"] or "--" + f.name.replace("_", "-"))
@@ -228,12 +248,15 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
         common: dict[str, Any] = {"help": f.metadata["help"], "hidden": f.metadata["hidden"]}
         if kind == "queues":
             command = click.option(decl, f.name, multiple=True, **common)(command)
+        elif kind == "flag":
+            command = click.option(decl, f.name, is_flag=True, default=None, **common)(command)
         elif kind == "choice":
             command = click.option(decl, f.name, type=click.Choice(f.metadata["choices"]),
                                    default=None, **common)(command)
         else:
             envvar = {"app": environ.APP,
-                      "handler_database_url": environ.HANDLER_DATABASE_URL}.get(f.name)
+                      "handler_database_url": environ.HANDLER_DATABASE_URL,
+                      "listen_database_url": environ.LISTEN_DATABASE_URL}.get(f.name)
             command = click.option(decl, f.name, default=None, envvar=envvar, **common)(command)
     return command
 
@@ -253,6 +276,8 @@ def from_options(values: dict[str, Any], **overrides: Any) -> Settings:
                 given[f.name] = int(raw)
             elif kind == "queues":
                 given[f.name] = tuple(raw)
+            elif kind == "flag":
+                given[f.name] = bool(raw)
             else:
                 given[f.name] = _parser(kind)(raw)
         except ValueError as exc:

@@ -26,6 +26,7 @@ def child_environment(database_url: str, handler_database_url: str) -> dict[str,
     """
     env = dict(os.environ)
     env.pop(environ.HANDLER_DATABASE_URL, None)
+    env.pop(environ.LISTEN_DATABASE_URL, None)
     if handler_database_url:
         for key in [k for k in env if k.startswith("PG")]:
             del env[key]
