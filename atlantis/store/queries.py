@@ -34,6 +34,7 @@ class Queries:
     job_get: LiteralString
     job_list: LiteralString
     listen: LiteralString
+    backend_pid: LiteralString
     job_retry: LiteralString
     job_cancel: LiteralString
     workflow_start: LiteralString

@@ -299,6 +299,11 @@ ON CONFLICT (id) DO UPDATE SET
 -- name: worker_delete
 DELETE FROM atlantis.workers WHERE id = %(id)s OR expires_at < now() - interval '1 hour'
 
+-- name: backend_pid
+-- The pid of the server process serving this statement: behind a pooler it is not the one
+-- the connection was told at start (atlantis.supervisor.pooler.behind_pooler).
+SELECT pg_backend_pid()
+
 -- name: listen
 -- atlantis_jobs: a queue has new work. atlantis_control: cancel, pause, resume.
 LISTEN atlantis_jobs; LISTEN atlantis_control

@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 
+from atlantis.store import Q
 from atlantis.store.database import redact
 
 log = logging.getLogger("atlantis.supervisor")
@@ -41,7 +42,7 @@ async def behind_pooler(conn: psycopg.AsyncConnection[Any]) -> bool:
     client changes, so the pid the client holds is not the one serving its statements.
     One round trip, once per connection.
     """
-    cur = await conn.execute("SELECT pg_backend_pid()", prepare=False)
+    cur = await conn.execute(Q.backend_pid, prepare=False)
     row = await cur.fetchone()
     return row is None or row[0] != conn.info.backend_pid
 
