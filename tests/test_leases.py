@@ -23,9 +23,6 @@ from atlantis.supervisor.claimer import rows_ahead
 from atlantis.supervisor.settings import Settings
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
 
-#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
-pytestmark = pytest.mark.server_matrix
-
 
 def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:
     return conn.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo", "tests.Fail"],
@@ -75,6 +72,7 @@ def _gone(pid: int) -> bool:
 
 # ---- SQL-level fencing ----------------------------------------------------------------------
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_claim_sets_lease_from_the_database_clock(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "c"})
     ((claimed_id, *_),) = _claim(db, "w1")
@@ -84,6 +82,7 @@ def test_claim_sets_lease_from_the_database_clock(db: psycopg.Connection[Any]) -
     assert row["claimed_until"] - row["started_at"] == timedelta(seconds=3)
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_stale_completion_changes_nothing(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Fail", {"key": "s", "mode": "ok"})
     _claim(db, "w1")
@@ -102,6 +101,7 @@ def test_stale_completion_changes_nothing(db: psycopg.Connection[Any]) -> None:
     assert _finish(db, "w2", job_id, 2, "complete") == [(job_id, "complete")]
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_expired_lease_cannot_be_renewed(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "e"})
     _claim(db, "w1")
@@ -109,6 +109,7 @@ def test_expired_lease_cannot_be_renewed(db: psycopg.Connection[Any]) -> None:
     assert _touch(db, "w1", job_id, 1) == []
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_rescue_never_overwrites_a_completed_row(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "r"})
     _claim(db, "w1")
@@ -118,6 +119,7 @@ def test_rescue_never_overwrites_a_completed_row(db: psycopg.Connection[Any]) ->
     assert job_row(db, job_id)["state"] == "complete"
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_rescue_counts_the_attempt_and_sends_to_dead_when_spent(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "d"})  # retries 0: one attempt
     _claim(db, "w1")
@@ -129,6 +131,7 @@ def test_rescue_counts_the_attempt_and_sends_to_dead_when_spent(db: psycopg.Conn
     assert row["finished_at"] is not None
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_backoff_spaces_retries_exponentially(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Fail", {"key": "b", "mode": "raise"})  # backoff 200ms
     for attempt, base in ((1, 0.2), (2, 0.4)):
@@ -152,6 +155,7 @@ def test_backoff_spaces_retries_exponentially(db: psycopg.Connection[Any]) -> No
     assert [e["attempt"] for e in row["errors"]] == [1, 2, 3]
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_snooze_and_release_spend_no_attempt(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "z"})
     _claim(db, "w1")
@@ -164,6 +168,7 @@ def test_snooze_and_release_spend_no_attempt(db: psycopg.Connection[Any]) -> Non
     assert job_row(db, job_id)["attempt"] == 0
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_database_enforces_invariants(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "i"})
     for bad in ("UPDATE atlantis.jobs SET state = 'weird' WHERE id = %s",
@@ -326,6 +331,7 @@ def test_checkpoint_values_are_clamped_and_truncated(db: psycopg.Connection[Any]
         assert events(db, key)[0][2] == "errors=0"
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_dlq_list_and_retry(db: psycopg.Connection[Any], db_url: str) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "q"})
     _claim(db, "w1")
@@ -367,6 +373,7 @@ def test_supervisor_kills_the_attempt_when_it_cannot_renew_in_time(
     assert [e for e in events(db, "w") if e[2] == "finished" and e[1] == 1] == []
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_release_orphans_gives_back_rows_nobody_received(db: psycopg.Connection[Any]) -> None:
     ids = atlantis.enqueue_many(db, "tests.Echo", [{"key": "o1"}, {"key": "o2"}])
     _claim(db, "w1")
@@ -378,6 +385,7 @@ def test_release_orphans_gives_back_rows_nobody_received(db: psycopg.Connection[
     assert db.execute(Q.release_orphans, {"worker": "w2", "known": []}).fetchall() == []
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_claim_orders_by_priority_across_queues(db: psycopg.Connection[Any]) -> None:
     low = atlantis.enqueue(db, "tests.Echo", {"key": "low"}, priority=5)
     other = atlantis.enqueue(db, "tests.Echo", {"key": "other"}, queue="second", priority=-1)
@@ -514,6 +522,7 @@ def test_a_drain_gives_held_rows_back_unspent(db: psycopg.Connection[Any],
     assert dict(timeline) == {"complete": states[("complete", 1)]}
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_rows_held_ahead_cover_about_a_tenth_of_a_second_of_work() -> None:
     s = Settings(queues=("q",), concurrency=8)
     assert rows_ahead(s, None) == 0  # no attempt ended yet
@@ -526,6 +535,7 @@ def test_rows_held_ahead_cover_about_a_tenth_of_a_second_of_work() -> None:
     assert rows_ahead(Settings(queues=("q",), concurrency=1), 0.45) == 1  # at least one
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_a_batch_of_a_thousand_results_is_written_and_announced_in_notifies_that_fit(
         db: psycopg.Connection[Any], db_url: str) -> None:
     """A NOTIFY payload holds 8000 bytes: the ids of a big batch go out 300 to a
@@ -558,6 +568,7 @@ def _explain(db: psycopg.Connection[Any], query: LiteralString, params: dict[str
             "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + query, params).fetchall())
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_a_finish_looks_each_row_up_by_its_key_however_many_rows_are_running(
         db: psycopg.Connection[Any]) -> None:
     """With a backlog of results, all of this worker's rows are still running: a finish
@@ -576,6 +587,7 @@ def test_a_finish_looks_each_row_up_by_its_key_however_many_rows_are_running(
     assert "Rows Removed by Join Filter" not in plan, plan
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_results_and_renewals_use_the_key_even_with_statistics_from_before_the_claims(
         db: psycopg.Connection[Any]) -> None:
     """Statistics taken while no row was running (an autovacuum ANALYZE between an enqueue

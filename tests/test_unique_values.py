@@ -32,9 +32,6 @@ from atlantis.errors import DeclarationError, ValidationError
 from atlantis.store.migrate import migrate
 from tests.conftest import BIN, ROOT, job_row, wait_state
 
-#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
-pytestmark = pytest.mark.server_matrix
-
 JOB = "values.Keyed"
 UID = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
 
@@ -64,6 +61,7 @@ SPELLINGS: dict[str, tuple[str, list[Any], list[str]]] = {
 }
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize("case", list(SPELLINGS))
 def test_one_value_spelled_several_ways_is_one_job_on_every_path(
         db: psycopg.Connection[Any], db_url: str, case: str) -> None:
@@ -101,6 +99,7 @@ def test_one_value_spelled_several_ways_is_one_job_on_every_path(
     assert _count(db) == 1
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_the_key_is_the_canonical_value_whichever_side_enqueued(
         db: psycopg.Connection[Any]) -> None:
     """Python and SQL callers build one key: the values as their types read them."""
@@ -117,6 +116,7 @@ def test_the_key_is_the_canonical_value_whichever_side_enqueued(
         f'[7, null, 2.5, 0.25, "{UID}", "2024-01-31T12:00:00.500000Z", "2024-02-29", [3], "a"]')
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_distinct_values_stay_distinct_jobs(db: psycopg.Connection[Any]) -> None:
     ids = atlantis.enqueue_many(db, JOB, [
         {"n": 1}, {"n": 2}, {"n": -0.0}, {"n": 0}, {"x": Decimal("1.5")}, {"x": Decimal("1.05")},
@@ -189,6 +189,7 @@ def _doctor(db_url: str) -> dict[str, Any]:
     return dict(orjson.loads(done.stdout)["checks"]["duplicate_unique_keys"])
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_the_migration_rekeys_waiting_rows_and_the_doctor_lists_duplicates(
         db: psycopg.Connection[Any], db_url: str, reader_url: str) -> None:
     alone = _old_row(db, '{"n": 5.0}', _old_key(n="5.0"))
@@ -217,6 +218,7 @@ def test_the_migration_rekeys_waiting_rows_and_the_doctor_lists_duplicates(
     assert _doctor(db_url)["ok"]
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_retry_recomputes_the_key(db: psycopg.Connection[Any], db_url: str) -> None:
     dead = _old_row(db, '{"n": 3.0}', _old_key(n="3.0"), state="dead")
     holder = atlantis.enqueue(db, JOB, {"n": 3})
@@ -264,6 +266,7 @@ SAMPLES: list[tuple[str, str, str | None]] = [
 ]
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize(("ftype", "value", "reason"), SAMPLES)
 def test_python_and_the_database_read_dates_alike(
         db: psycopg.Connection[Any], ftype: str, value: str, reason: str | None) -> None:
@@ -277,6 +280,7 @@ def test_python_and_the_database_read_dates_alike(
     assert (python, row[0]) == (reason, None if reason is None else f"{shown} {reason}")
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize(("field", "value", "reason"), [
     ("at", "now", NOT_TIMESTAMPTZ), ("at", "tomorrow", NOT_TIMESTAMPTZ),
     ("at", "infinity", NOT_TIMESTAMPTZ), ("at", "epoch", NOT_TIMESTAMPTZ),
@@ -301,12 +305,14 @@ def test_special_words_and_naive_timestamps_are_refused_on_every_path(
     assert _count(db, "tests.Typed") == 0
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_a_typed_job_gets_the_timestamp_as_written(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Typed", {"name": "a", "at": "2024-01-31 12:00:00+01",
                                                    "day": "2024-01-31"})
     assert job_row(db, job_id)["args"]["at"] == "2024-01-31 12:00:00+01"
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize(("default", "message"), [
     ('"2024-01-31 12:00:00"', f"default '\"2024-01-31 12:00:00\"' {NO_OFFSET}"),
     ('"now"', "default '\"now\"' does not fit type timestamptz: expected an RFC 3339 timestamp "
@@ -322,6 +328,7 @@ def test_timestamptz_defaults_follow_the_same_rule(default: str, message: str) -
     assert str(err.value) == f"jobs.atl:2:32: {message}"
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_rfc3339_defaults_are_accepted() -> None:
     source = ('job J in ns {\n  args { a timestamptz default "2024-01-31 12:00:00+01",'
               ' b date default "2024-01-31" }\n}\n')
@@ -330,6 +337,7 @@ def test_rfc3339_defaults_are_accepted() -> None:
 
 # ---- delay, run_at, Snooze -------------------------------------------------------------------
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize(("delay", "shown"), [
     (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (-1, "-1"), (-0.5, "-0.5"),
     (timedelta(seconds=-1), "datetime.timedelta(days=-1, seconds=86399)"),
@@ -359,6 +367,7 @@ def test_a_bad_delay_is_a_validation_error_naming_delay(
     assert _count(db, "tests.Echo") == 0
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_a_negative_delay_is_refused_by_sql(db: psycopg.Connection[Any]) -> None:
     with pytest.raises(psycopg.Error) as err:
         db.execute("SELECT atlantis.enqueue('tests.Echo', '{\"key\": \"k\"}', delay => "
@@ -369,6 +378,7 @@ def test_a_negative_delay_is_refused_by_sql(db: psycopg.Connection[Any]) -> None
     assert _count(db, "tests.Echo") == 0
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_run_at_must_say_its_time_zone(db: psycopg.Connection[Any]) -> None:
     with pytest.raises(ValidationError) as err:
         atlantis.enqueue(db, "tests.Echo", {"key": "k"}, run_at=datetime(2030, 1, 1))
@@ -399,6 +409,7 @@ def test_a_snooze_of_nan_inf_or_negative_fails_its_own_attempt(
     assert sup.proc.poll() is None
 
 
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 @pytest.mark.parametrize("delay", [timedelta(days=200_000_000), 4e15],
                          ids=["timedelta", "seconds"])
 def test_a_delay_past_100_years_is_refused_before_the_database(
