@@ -121,8 +121,8 @@ _GRANTS: dict[str, LiteralString] = {
     "atlantis_enqueuer": """
 GRANT USAGE ON SCHEMA atlantis TO atlantis_enqueuer;
 GRANT EXECUTE ON FUNCTION
-    atlantis.enqueue(text, jsonb, timestamptz, int, text, interval),
-    atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval),
+    atlantis.enqueue(text, jsonb, timestamptz, int, text, interval, jsonb),
+    atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval, jsonb),
     atlantis.cancel(bigint, text),
     atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text)
     TO atlantis_enqueuer;""",
