@@ -63,13 +63,14 @@ def _params(
         "priority": priority,
         "queue": queue,
         "delay": delay,
-        "trace_context": _trace_context(),
+        "trace_context": trace_context(),
     }
 
 
-def _trace_context() -> Jsonb | None:
+def trace_context() -> Jsonb | None:
     """The enqueuer's W3C trace context (OpenTelemetry, when it is loaded and a span is
-    current; :mod:`atlantis.tracing`), kept in the row: the attempt's span is its child."""
+    current; :mod:`atlantis.tracing`), kept in the row: the attempt's span is its child.
+    Workflows keep their starter's the same way, for every step's row."""
     carrier = tracing.enqueue_context()
     return None if carrier is None else Jsonb(carrier)
 

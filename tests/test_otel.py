@@ -48,7 +48,7 @@ QUEUES = ("traced",)
 def traced_db(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """The test's database with the traced app's declarations synced."""
     registry = load_app(APP)
-    sync(db, list(registry.decls.values()))
+    sync(db, list(registry.decls.values()), list(registry.workflows.values()))
     return db
 
 
@@ -177,6 +177,27 @@ def test_an_untraced_job_gets_a_root_attempt_span(
     (work,) = _named(spans, "handler.work")
     assert attempt["parent_id"] is None
     assert work["parent_id"] == attempt["context"]["span_id"]
+
+
+def test_a_workflows_steps_are_traced_from_its_start(
+        traced_db: psycopg.Connection[Any], supervise: Any, tmp_path: Path,
+        tracer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    """The workflow keeps its starter's context; every step's row gets it, the second one
+    too (made by the database when the first completed)."""
+    otel, _ = tracer
+    with otel.start_as_current_span("request") as request:
+        workflow_id = atlantis.start_workflow(traced_db, "traced.Flow", {"key": "w"})
+    path = tmp_path / "spans.jsonl"
+    supervise(app=APP, queues=QUEUES, concurrency=1, env={"ATLANTIS_TEST_SPANS": str(path)})
+    wait_for(lambda: traced_db.execute(
+        "SELECT state = 'complete' FROM atlantis.workflows WHERE id = %s",
+        (workflow_id,)).fetchone() == (True,), message="the workflow complete")
+    spans = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(
+        _named(_spans(path), "atlantis.attempt traced.Work")), message="two attempt spans")
+    ctx = request.get_span_context()
+    assert [s["parent_id"] for s in spans] == [_hex(ctx.span_id, 16)] * 2
+    assert {s["attributes"][tracing.STEP] for s in spans} == {"one", "two"}
+    assert {s["attributes"][tracing.WORKFLOW_ID] for s in spans} == {workflow_id}
 
 
 # ---- the row's context --------------------------------------------------------------------

@@ -64,6 +64,9 @@ ALLOWED = [
     ("0019_trace.sql", "DROP FUNCTION atlantis.enqueue_many(",
      "replaced at once by the same function with one more argument, defaulted: every call of "
      "0.2.0 resolves to it unchanged"),
+    ("0019_trace.sql", "DROP FUNCTION atlantis.start_workflow(",
+     "replaced at once by the same function with one more argument, defaulted: every call "
+     "made before (0.3.0's workflows predate it) resolves to it unchanged"),
 ]
 
 

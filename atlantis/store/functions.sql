@@ -1170,12 +1170,14 @@ DECLARE
     step_args jsonb := atlantis.step_args(job_name, w.args);
 BEGIN
     INSERT INTO atlantis.jobs (job, queue, args, max_attempts, priority, timeout, heartbeat,
-                               backoff, workflow_id, step, compensation, limit_group)
+                               backoff, workflow_id, step, compensation, limit_group,
+                               trace_context)
     VALUES (decl.job, decl.queue, step_args, decl.max_attempts,
             decl.priority, decl.timeout, decl.heartbeat, decl.backoff, w.id, s.step, undo,
             atlantis.limit_group(decl, step_args, EXISTS (
                 SELECT 1 FROM atlantis.queues q
-                 WHERE q.name = decl.queue AND q.concurrency IS NOT NULL)))
+                 WHERE q.name = decl.queue AND q.concurrency IS NOT NULL)),
+            w.trace_context)
     RETURNING id INTO new_id;
     IF undo THEN
         UPDATE atlantis.workflow_steps ws SET comp_job_id = new_id
@@ -1193,7 +1195,8 @@ $$;
 -- each step and compensation will take, now rather than when a step becomes runnable.
 -- A workflow declared `unique (...)` returns the id of the running or compensating one
 -- holding the key. The steps without `after` get their rows at once.
-CREATE OR REPLACE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}')
+CREATE OR REPLACE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}',
+                                                   trace_context jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
@@ -1232,8 +1235,9 @@ BEGIN
     END LOOP;
     key := atlantis.unique_key(as_job, checked);
     LOOP
-        INSERT INTO atlantis.workflow_instances (workflow, args, unique_key, deadline)
-        VALUES (decl.workflow, checked, key, now() + decl.timeout)
+        INSERT INTO atlantis.workflow_instances (workflow, args, unique_key, deadline,
+                                                 trace_context)
+        VALUES (decl.workflow, checked, key, now() + decl.timeout, start_workflow.trace_context)
         ON CONFLICT (workflow, unique_key)
             WHERE unique_key IS NOT NULL AND state IN ('running', 'compensating')
             DO NOTHING

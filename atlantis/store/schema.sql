@@ -514,10 +514,10 @@ CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: start_workflow(text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: start_workflow(text, jsonb, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS bigint
+CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
@@ -574,10 +574,12 @@ CREATE TABLE atlantis.workflow_instances (
     cancelled_by text,
     retried_by text,
     retried_at timestamp with time zone,
+    trace_context jsonb,
     CONSTRAINT workflow_instances_cause_check CHECK ((cause = ANY (ARRAY['failed'::text, 'cancelled'::text, 'timeout'::text]))),
     CONSTRAINT workflow_instances_finished_check CHECK (((state = ANY (ARRAY['complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT workflow_instances_state_cause_check CHECK ((((state = 'running'::text) = (cause IS NULL)) OR (state = 'complete'::text))),
-    CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])))
+    CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text]))),
+    CONSTRAINT workflow_instances_trace_context_check CHECK ((jsonb_typeof(trace_context) = 'object'::text))
 );
 
 --

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from atlantis import tracing
 from atlantis.supervisor.attempts import Attempt
 
@@ -73,6 +75,9 @@ class Tracing:
         }
         if row.workflow_id is not None:
             attributes[tracing.WORKFLOW_ID] = row.workflow_id
+            step = _step(row.workflow)
+            if step is not None:
+                attributes[tracing.STEP] = step
         a.span = self.tracer.start_span(f"{tracing.ATTEMPT_SPAN} {row.job}", context=parent,
                                         kind=SpanKind.CONSUMER, attributes=attributes)
 
@@ -152,3 +157,13 @@ class Tracing:
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+def _step(context: str | None) -> str | None:
+    """The step's name in a step's context (``atlantis.step_context``'s JSON text)."""
+    try:
+        step = orjson.loads(context or "null")
+    except orjson.JSONDecodeError:
+        return None
+    found = step.get("step") if isinstance(step, dict) else None
+    return found if isinstance(found, str) else None

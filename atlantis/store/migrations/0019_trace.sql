@@ -39,3 +39,15 @@ REVOKE ALL ON FUNCTION atlantis.enqueue_many(text, jsonb[], timestamptz, int, te
                                              jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION atlantis.enqueue(text, jsonb, timestamptz, int, text, interval, jsonb)
     FROM PUBLIC;
+
+-- A workflow keeps the context of its start, and each of its steps' rows (compensations
+-- included) gets it: the steps' attempts are children of the span that started it.
+ALTER TABLE atlantis.workflow_instances
+    ADD COLUMN trace_context jsonb CHECK (jsonb_typeof(trace_context) = 'object');
+DROP FUNCTION atlantis.start_workflow(text, jsonb);
+CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}',
+                                        trace_context jsonb DEFAULT NULL) RETURNS bigint
+LANGUAGE sql VOLATILE
+SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
+AS $$ SELECT NULL::bigint $$;
+REVOKE ALL ON FUNCTION atlantis.start_workflow(text, jsonb, jsonb) FROM PUBLIC;
