@@ -88,14 +88,18 @@ def _hex(value: int, width: int) -> str:
 
 # ---- one trace, across processes --------------------------------------------------------
 
-@pytest.mark.parametrize("everywhere", [False, True], ids=["over-the-pipe", "child-exports"])
+@pytest.mark.parametrize(("everywhere", "isolation"),
+                         [(False, "reuse"), (True, "reuse"), (False, "fresh")],
+                         ids=["over-the-pipe", "child-exports", "fresh-over-the-pipe"])
 def test_one_trace_runs_from_the_enqueuing_span_to_the_handlers_spans(
         traced_db: psycopg.Connection[Any], supervise: Any, tmp_path: Path,
-        tracer: tuple[trace.Tracer, InMemorySpanExporter], everywhere: bool) -> None:
+        tracer: tuple[trace.Tracer, InMemorySpanExporter], everywhere: bool,
+        isolation: str) -> None:
     """The enqueue span -> the attempt span (the supervisor's) -> the handler's spans (the
     child's), one trace id; the attempt span carries the job's attributes and its
     checkpoints; claim and finish spans link to it. ``everywhere``: the app set a provider
-    in the child too, whose processor exports from there (flushed before the ``Done``)."""
+    in the child too, whose processor exports from there (flushed before the ``Done``).
+    ``fresh``: each attempt in a worker forked by the zygote."""
     otel, exporter = tracer
     with otel.start_as_current_span("request") as request:
         job_id = atlantis.enqueue(traced_db, "traced.Work", {"key": "k1"})
@@ -108,14 +112,24 @@ def test_one_trace_runs_from_the_enqueuing_span_to_the_handlers_spans(
     env = {"ATLANTIS_TEST_SPANS": str(path)}
     if everywhere:
         env["ATLANTIS_TEST_SPANS_EVERYWHERE"] = "1"
-    supervise(app=APP, queues=QUEUES, concurrency=1, env=env)
+    supervise("--isolation", isolation, app=APP, queues=QUEUES, concurrency=1, env=env)
     wait_state(traced_db, job_id, "complete")
     spans = _wait_spans(path, "atlantis.attempt traced.Work", "handler.work", "handler.inner",
                         "atlantis.claim", "atlantis.finish")
+    # A second attempt runs in the same reused child: tracing left nothing running in it.
+    again = atlantis.enqueue(traced_db, "traced.Work", {"key": "k2"})
+    wait_state(traced_db, again, "complete")
+    pids = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(
+        [s["attributes"]["atlantis.child.pid"]
+         for s in _named(_spans(path), "atlantis.attempt traced.Work")]),
+        message="the second attempt's span")
+    assert (pids[0] == pids[1]) == (isolation == "reuse")
 
-    (attempt,) = _named(spans, "atlantis.attempt traced.Work")
-    (work,) = _named(spans, "handler.work")
-    (inner,) = _named(spans, "handler.inner")
+    (attempt,) = [s for s in _named(spans, "atlantis.attempt traced.Work")
+                  if s["attributes"][tracing.JOB_ID] == job_id]
+    (work,) = [s for s in _named(spans, "handler.work") if s["attributes"]["test.key"] == "k1"]
+    (inner,) = [s for s in _named(spans, "handler.inner")
+                if s["parent_id"] == work["context"]["span_id"]]
     trace_id = _hex(ctx.trace_id, 32)
     assert {attempt["context"]["trace_id"], work["context"]["trace_id"],
             inner["context"]["trace_id"]} == {trace_id}

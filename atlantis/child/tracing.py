@@ -91,12 +91,15 @@ class AttemptTrace:
             self._own = provider if hasattr(provider, "force_flush") else None
             return
         try:
+            from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         except ImportError:  # the API alone: handlers' spans record nothing anyway
             return
         keep = _Keep()
-        mine = TracerProvider(sampler=ParentBased(ALWAYS_ON), shutdown_on_exit=False)
+        # No resource detection: the supervisor exports these spans under its own resource.
+        mine = TracerProvider(sampler=ParentBased(ALWAYS_ON), resource=Resource({}),
+                              shutdown_on_exit=False)
         mine.add_span_processor(_keeper(keep))
         trace.set_tracer_provider(mine)
         if trace.get_tracer_provider() is mine:
