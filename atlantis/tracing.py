@@ -48,6 +48,8 @@ MESSAGE = "atlantis.progress.message"
 BATCH_SIZE = "atlantis.batch.size"
 WORKER = "atlantis.worker"
 
+_SCALARS = (str, bool, int, float)
+
 SCOPE = "atlantis"
 """The instrumentation scope of atlantis's own spans."""
 
@@ -122,8 +124,11 @@ def decode_spans(text: str, resource: Resource) -> list[ReadableSpan]:
         return SpanContext(int(raw[0], 16), int(raw[1], 16), is_remote=remote,
                            trace_flags=TraceFlags(int(raw[2])))
 
-    def attrs(raw: dict[str, Any]) -> dict[str, Any]:  # sequences are tuples in the SDK
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    def attrs(raw: dict[str, Any]) -> dict[str, Any]:
+        """Values of the types an attribute may have (sequences are tuples in the SDK)."""
+        return {str(k): tuple(v) if isinstance(v, list) else v for k, v in raw.items()
+                if isinstance(v, _SCALARS) or isinstance(v, list)
+                and all(isinstance(x, _SCALARS) for x in v)}
 
     try:
         out = []

@@ -179,10 +179,20 @@ def test_a_failed_attempt_says_so_on_its_span(
     assert work["parent_id"] == attempt["context"]["span_id"]
 
 
+@pytest.mark.parametrize("context", [None, {"traceparent": "00-not-a-context"},
+                                     {"traceparent": 5, "tracestate": ["x"]}],
+                         ids=["none", "malformed", "not-text"])
 def test_an_untraced_job_gets_a_root_attempt_span(
-        traced_db: psycopg.Connection[Any], supervise: Any, tmp_path: Path) -> None:
-    job_id = atlantis.enqueue(traced_db, "traced.Work", {"key": "root"})
-    assert job_row(traced_db, job_id)["trace_context"] is None
+        traced_db: psycopg.Connection[Any], supervise: Any, tmp_path: Path,
+        context: dict[str, Any] | None) -> None:
+    """No context, or one a SQL caller wrote wrong: the job runs, its attempt a root."""
+    row = traced_db.execute(
+        "SELECT atlantis.enqueue('traced.Work', '{\"key\": \"root\"}'::jsonb,"
+        " trace_context => %s::jsonb)",
+        (None if context is None else orjson.dumps(context).decode(),)).fetchone()
+    assert row is not None
+    job_id = row[0]
+    assert job_row(traced_db, job_id)["trace_context"] == context
     path = tmp_path / "spans.jsonl"
     supervise(app=APP, queues=QUEUES, concurrency=1, env={"ATLANTIS_TEST_SPANS": str(path)})
     wait_state(traced_db, job_id, "complete")

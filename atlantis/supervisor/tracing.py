@@ -17,10 +17,11 @@ then every call here is a no-op costing an attribute test.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec
 
 import orjson
 
@@ -29,8 +30,28 @@ from atlantis.supervisor.attempts import Attempt
 
 log = logging.getLogger("atlantis.supervisor")
 
+P = ParamSpec("P")
+_MAX_REPORTS = 10
+
+
+def _safe(method: Callable[P, None]) -> Callable[P, None]:
+    """Tracing never costs an attempt nor the supervisor: a failure (a bug, a hostile trace
+    context, an SDK's) is logged, the first few times, and the span goes without."""
+    @functools.wraps(method)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception:
+            Tracing.failures += 1
+            if Tracing.failures <= _MAX_REPORTS:
+                log.exception("tracing: %s failed%s", method.__name__,
+                              " (not reported again)" if Tracing.failures == _MAX_REPORTS else "")
+    return guarded
+
 
 class Tracing:
+    failures = 0
+
     def __init__(self) -> None:
         self._decided = False
         self.tracer: Any = None
@@ -58,6 +79,7 @@ class Tracing:
 
     # ---- attempts -----------------------------------------------------------------------
 
+    @_safe
     def begin(self, a: Attempt, worker: str) -> None:
         """The row was claimed: its attempt's span starts."""
         if not self.on:
@@ -66,7 +88,9 @@ class Tracing:
         from opentelemetry.trace import SpanKind
 
         row = a.row
-        parent = propagate.extract(row.trace_context) if row.trace_context else context.Context()
+        carrier = {k: v for k, v in (row.trace_context or {}).items()
+                   if isinstance(k, str) and isinstance(v, str)}
+        parent = propagate.extract(carrier) if carrier else context.Context()
         attributes: dict[str, Any] = {
             tracing.JOB: row.job, tracing.JOB_ID: row.id, tracing.ATTEMPT: row.attempt,
             tracing.RUN: row.run, tracing.QUEUE: row.queue, tracing.WORKER: worker,
@@ -88,6 +112,7 @@ class Tracing:
         ctx = a.span.get_span_context()
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
+    @_safe
     def checkpoint(self, a: Attempt, pct: float | None, msg: str) -> None:
         if a.span is not None:
             attributes: dict[str, Any] = {tracing.MESSAGE: msg}
@@ -95,6 +120,7 @@ class Tracing:
                 attributes[tracing.PCT] = pct
             a.span.add_event(tracing.CHECKPOINT_EVENT, attributes)
 
+    @_safe
     def end(self, a: Attempt, label: str, error: dict[str, Any] | None, lost: bool) -> None:
         """The supervisor decided how the attempt ended: its span ends, saying so."""
         span = a.span
@@ -116,6 +142,7 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, "lease: the lease was lost"))
         span.end()
 
+    @_safe
     def ingest(self, a: Attempt, text: str) -> None:
         """Export the spans the attempt's child sent, with this process's processors."""
         if self._provider is None:
@@ -139,6 +166,7 @@ class Tracing:
 
     # ---- batches ------------------------------------------------------------------------
 
+    @_safe
     def batch(self, name: str, attempts: Iterable[Attempt], start_ns: int,
               attributes: dict[str, Any]) -> None:
         """A claim or finish batch's span, from ``start_ns`` to now, linked to the spans of
