@@ -15,10 +15,12 @@ ever trying to import it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,17 @@ from opentelemetry.trace import SpanKind, StatusCode
 import atlantis
 from atlantis import tracing
 from atlantis.app import load_app
-from atlantis.protocol.messages import Done, Run, decode, dumps
+from atlantis.child.channel import Channel
+from atlantis.protocol.framing import HEADER
+from atlantis.protocol.messages import (
+    MAX_EVENT_FRAME,
+    ChildError,
+    Done,
+    EventReader,
+    Run,
+    decode,
+    dumps,
+)
 from atlantis.store.migrate import sync
 from tests.conftest import ROOT, job_row, wait_for, wait_state
 
@@ -351,3 +363,23 @@ def test_spans_cross_the_pipe_as_they_were_and_stay_within_the_limit() -> None:
     assert dropped >= 1 and (text is None or len(text) <= 400)
     with pytest.raises(ValueError, match="malformed spans"):
         tracing.decode_spans('[{"n": "x"}]', Resource.create({}))
+
+
+def test_a_result_too_large_for_a_frame_loses_its_spans_first() -> None:
+    """The spans give way before the traceback (then the traceback, as before)."""
+    r, w = os.pipe()
+    try:
+        big = "\x01" * (MAX_EVENT_FRAME // 12)  # six bytes each in JSON: half a frame
+        done = Done(job_id=8, outcome="failed", spans=big,
+                    error=ChildError(kind="exception", message="m", traceback=big))
+        sent = threading.Thread(target=Channel(w).send_done, args=(done,))
+        sent.start()
+        data = b""
+        while not data or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+            data += os.read(r, 1 << 20)
+        sent.join()
+        (msg,) = EventReader().feed(data)
+        assert msg == dataclasses.replace(done, spans=None)
+    finally:
+        os.close(r)
+        os.close(w)
