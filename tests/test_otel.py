@@ -28,11 +28,17 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed "
+                    "(pip install -e '.[otel]', or '.[dev]')")
+
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+    InMemorySpanExporter,
+)
 from opentelemetry.trace import SpanKind, StatusCode
 
 import atlantis
