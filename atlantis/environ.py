@@ -22,3 +22,10 @@ CONSOLE_TOKEN = "ATLANTIS_CONSOLE_TOKEN"
 
 #: Set in every child: the token that marks its process tree.
 TREE = "ATLANTIS_TREE"
+
+#: The test suite's PostgreSQL major (``16`` or ``18``, the default): its embedded server.
+TEST_PG = "ATLANTIS_TEST_PG"
+
+#: Not atlantis's own: the user's runtime folder, where the embedded server's socket goes
+#: when ``ATLANTIS_HOME`` is too long for one.
+XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"

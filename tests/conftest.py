@@ -19,8 +19,7 @@ import pytest
 
 from atlantis import environ
 from atlantis.app import load_app
-from atlantis.store import migrate, sync
-from atlantis.store.database import ensure_server_user
+from atlantis.store import embedded, migrate, sync
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -47,6 +46,34 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
+def suite_major() -> int:
+    """The suite's PostgreSQL major: ``ATLANTIS_TEST_PG`` (16 or 18), else the default (18)."""
+    raw = os.environ.get(environ.TEST_PG, "").strip()
+    if not raw:
+        return embedded.DEFAULT_MAJOR
+    if not raw.isdigit() or int(raw) not in embedded.MAJORS:
+        raise pytest.UsageError(f"{environ.TEST_PG}={raw!r}: the embedded server ships "
+                                f"{' and '.join(map(str, embedded.MAJORS))}")
+    return int(raw)
+
+
+def pg_bin() -> Path:
+    """The folder of the suite's server programs (pg_ctl, psql, pg_dump, ...)."""
+    return embedded.bin_dir(suite_major())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "server_matrix: database-facing; also run on every PostgreSQL major "
+        f"({environ.TEST_PG}=16 runs only these)")
+    if suite_major() != embedded.DEFAULT_MAJOR and not config.option.markexpr:
+        config.option.markexpr = "server_matrix"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"atlantis: PostgreSQL {suite_major()} (embedded; {environ.TEST_PG} picks 16 or 18)"
+
+
 @pytest.fixture(scope="session")
 def pg_home() -> Iterator[Path]:
     # Unix socket paths must stay short: keep the data folder directly under /tmp.
@@ -58,15 +85,7 @@ def pg_home() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def pg_server(pg_home: Path) -> Iterator[Any]:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pgserver.postgres_server import get_server
-
-        if os.geteuid() == 0:  # each xdist worker starts a server: create its user once
-            ensure_server_user()
-        server = get_server(pg_home / "pgdata", cleanup_mode="stop")
+    server = embedded.start(pg_home / "pgdata", major=suite_major(), cleanup_mode="stop")
     os.environ["ATLANTIS_HOME"] = str(pg_home)
     os.environ.pop(environ.DATABASE_URL, None)
     yield server

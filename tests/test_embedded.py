@@ -24,10 +24,10 @@ import psycopg
 import pytest
 
 from atlantis.errors import ConfigurationError
-from atlantis.store.database import SERVER_USER, embedded_url
+from atlantis.store.embedded import SERVER_USER, embedded_url
 from tests.conftest import ROOT
 
-START = "import sys; from pathlib import Path; from atlantis.store.database import embedded_url; " \
+START = "import sys; from pathlib import Path; from atlantis.store.embedded import embedded_url; " \
         "print(embedded_url(Path(sys.argv[1])))"
 AS_ROOT = os.geteuid() == 0
 

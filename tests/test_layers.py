@@ -10,7 +10,8 @@ the way (``a/__init__.py`` before ``a.b``) are not counted: every module would o
 depend on its package, which imports its modules.
 
 The layers, lowest first (``LAYERS``): the bottom modules, one above the other; the store;
-the public API; the child; then the supervisor, tide and the console side by side.
+the public API; the child; then the supervisor, tide, the console and the framework
+integrations side by side (the integrations use the public API; nothing imports them).
 Nothing imports a layer above its own, no modules form a cycle, and no packages do
 (``atlantis.store``, ``atlantis.cli``, ... and each module directly under ``atlantis/``,
 each counted as one node). Every module of ``atlantis/`` must have a layer: a new package
@@ -45,7 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store",),
     ("", "enqueue", "operations", "workflows", "registry", "context", "progress", "app", "presentation"),
     ("child",),
-    ("supervisor", "cli", "console"),
+    ("supervisor", "cli", "console", "integrations"),  # integrations: Django, SQLAlchemy
 )
 #: benchmarks/ sits above every layer of atlantis/.
 BENCHMARKS_LAYER = len(LAYERS)

@@ -12,6 +12,7 @@ from typing import Any, LiteralString
 import orjson
 import psutil
 import psycopg
+import pytest
 
 import atlantis
 from atlantis.protocol.messages import ChildError, Done
@@ -21,6 +22,9 @@ from atlantis.supervisor import policy
 from atlantis.supervisor.claimer import rows_ahead
 from atlantis.supervisor.settings import Settings
 from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
+
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
 
 
 def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:

@@ -16,6 +16,9 @@ from psycopg.types.json import Jsonb
 
 from atlantis.store.queries import Q
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 FIELDS = [{"name": "account_id", "type": "varchar", "length": 64, "array": False,
            "not_null": True, "has_default": False, "default": None},
           {"name": "n", "type": "int", "length": None, "array": False,

@@ -19,6 +19,9 @@ import atlantis
 from atlantis import progress
 from tests.conftest import job_row
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 
 def make_running(conn: psycopg.Connection[Any], job_id: int, *,
                  worker: str = "host-a:4242:0badc0de") -> None:

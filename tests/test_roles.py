@@ -24,6 +24,9 @@ from atlantis.store.migrate import ROLES, migrations, roles_sql
 from tests.conftest import BIN, ROOT, job_row, url_for, wait_for, wait_state
 from tests.test_operations import make_dead
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 _names = itertools.count()
 MIB = 1048576
 

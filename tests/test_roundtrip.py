@@ -13,6 +13,9 @@ import pytest
 import atlantis
 from tests.conftest import BIN, ROOT, events, job_row, wait_state
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 
 def test_round_trip_runs_in_a_child_and_records_checkpoints(
     db: psycopg.Connection[Any], db_url: str, supervise: Any

@@ -12,6 +12,9 @@ import pytest
 from atlantis.store import functions, schema
 from atlantis.store.migrate import migrate, migrations
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 # ---- schema.sql -----------------------------------------------------------------------------
 
 

@@ -32,6 +32,9 @@ from atlantis.errors import DeclarationError, ValidationError
 from atlantis.store.migrate import migrate
 from tests.conftest import BIN, ROOT, job_row, wait_state
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 JOB = "values.Keyed"
 UID = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
 

@@ -24,6 +24,9 @@ from atlantis.store.migrate import migrate, migrations, schema_ahead, schema_pro
 from tests.conftest import BIN, ROOT, wait_state
 from tests.test_roles import login  # noqa: F401 - a fixture
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 # ---- the additive check --------------------------------------------------------------------
 
 #: Migrations up to this version shipped before rolling upgrades were promised; every later

@@ -12,6 +12,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+#: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
+pytestmark = pytest.mark.server_matrix
+
 FIELDS = [{"name": "account_id", "type": "varchar", "length": 64, "array": False,
            "not_null": True, "has_default": False, "default": None}]
 

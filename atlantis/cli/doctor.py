@@ -37,21 +37,35 @@ def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
             duration_option("--missed-within", missed_within))
     with connection(ctx) as conn:
         report = checks.diagnose(conn, xact_age=ages[0], lease_grace=ages[1],
-                                 missed_within=ages[2])
+                                 missed_within=ages[2], home=embedded_home(ctx))
     if as_json:
         print_json(report.document())
     else:
         width = max(len(c.name) for c in report.checks)
         for check in report.checks:
-            click.echo(safe(f"{'ok' if check.ok else 'PROBLEM':7} {check.name:{width}}  "
-                            f"{check.summary}"))
+            label = "PROBLEM" if not check.ok else "warning" if check.warning else "ok"
+            click.echo(safe(f"{label:7} {check.name:{width}}  {check.summary}"))
             if not check.ok:
                 for item in check.items[:10]:
                     click.echo(" " * 10 + safe(", ".join(f"{k}={v}" for k, v in item.items()
                                                          if v is not None)))
-        problems = report.problems
+        problems, warned = report.problems, report.warnings
         click.echo(f"doctor: {len(problems)} problem{'s' if len(problems) != 1 else ''}"
-                   + (f" ({', '.join(c.name for c in problems)})" if problems else ""),
+                   + (f" ({', '.join(c.name for c in problems)})" if problems else "")
+                   + (f", {len(warned)} warning{'s' if len(warned) != 1 else ''} "
+                      f"({', '.join(c.name for c in warned)})" if warned else ""),
                    err=True)
     if report.problems:
         sys.exit(1)
+
+
+def embedded_home(ctx: click.Context) -> checks.Home | None:
+    """The embedded home doctor looks at, unless a URL names another server."""
+    import os
+
+    from atlantis import environ
+    from atlantis.store import embedded
+
+    if ctx.find_root().obj["database_url"] or os.environ.get(environ.DATABASE_URL):
+        return None
+    return checks.Home(str(embedded.atlantis_home()), embedded.DEFAULT_MAJOR)

@@ -217,6 +217,48 @@ def db_sync(ctx: click.Context, app: str) -> None:
     click.echo(f"synced {len(registry.decls)} declarations", err=True)
 
 
+@db.command("upgrade-home")
+@click.pass_context
+def db_upgrade_home(ctx: click.Context) -> None:
+    """Move the embedded home (ATLANTIS_HOME) to the PostgreSQL major new homes get, with
+    pg_upgrade; the old data folder is kept beside it. Stop supervisors and consoles first."""
+    from atlantis.cli.doctor import embedded_home
+    from atlantis.store import doctor as checks
+    from atlantis.store import embedded, homes
+
+    if embedded_home(ctx) is None:
+        fail(f"upgrade-home moves the embedded home; {environ.DATABASE_URL} or --database-url "
+             f"names another server: upgrade it with pg_upgrade, or dump and restore", code=2)
+    home = embedded.atlantis_home().expanduser().absolute()
+    data = home / "pgdata"
+    try:
+        major = embedded.home_major(data)
+    except AtlantisError as exc:
+        fail(str(exc))
+    if major is None:
+        fail(f"{home} has no embedded PostgreSQL yet (a new home gets "
+             f"{embedded.DEFAULT_MAJOR})")
+    if major >= embedded.DEFAULT_MAJOR:
+        click.echo(f"{home} already runs PostgreSQL {major}", err=True)
+        return
+    if homes.running(data):
+        with connection(ctx) as conn:
+            others = checks.other_sessions(conn)
+        if others:
+            fail(f"{others} other session{'s are' if others != 1 else ' is'} connected to the "
+                 f"embedded PostgreSQL: stop the supervisors, consoles and scripts using "
+                 f"{home} first")
+    click.echo(f"moving {home} from PostgreSQL {major} to {embedded.DEFAULT_MAJOR} "
+               f"(pg_upgrade, copying the data)", err=True)
+    try:
+        homes.stop(data)
+        moved = homes.upgrade_home(home)
+    except AtlantisError as exc:
+        fail(f"cannot move {home}: {exc} (the old data folder is as it was)")
+    click.echo(f"moved {home} to PostgreSQL {moved.new_major}; the old data folder is kept "
+               f"at {moved.kept}: remove it once the new one serves you", err=True)
+
+
 def _load(app: str) -> atlantis.Registry:
     try:
         return load_app(app)

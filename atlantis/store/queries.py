@@ -82,6 +82,7 @@ class Queries:
     console_listen: LiteralString
     # doctor.sql (`tide db doctor`)
     doctor_server_version: LiteralString
+    doctor_other_sessions: LiteralString
     doctor_live_supervisors: LiteralString
     doctor_jobs_table: LiteralString
     doctor_jobs_indexes: LiteralString

