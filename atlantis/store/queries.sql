@@ -78,8 +78,11 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
 -- NULL id and says when to try again (wake_in, seconds) and where the next call starts
 -- (cursor, passed back as `after`).
--- The enqueuer's trace context (migration 0019) is read here, after the function's columns.
-SELECT c.*, (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context
+-- The enqueuer's trace context (migration 0019) is read here, before the hint's columns.
+SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
+       c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
+       (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
+       c.wake_in, c.cursor
   FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
                               %(after)s) AS c
 

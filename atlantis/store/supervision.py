@@ -198,9 +198,10 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
     rows: list[ClaimedRow] = []
     wake_in: float | None = None
     cursor: str | None = after
-    # The columns of atlantis.claim_limited, in order; the last row has a NULL id.
+    # The columns of atlantis.claim_limited, in order, with the row's trace context before the
+    # last two (the hint's); the last row has a NULL id.
     for (job_id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout_s,
-         heartbeat, backoff, deadline, workflow_id, workflow, wake, last, trace) in raw:
+         heartbeat, backoff, deadline, workflow_id, workflow, trace, wake, last) in raw:
         if job_id is None:
             wake_in, cursor = wake, last
             continue
