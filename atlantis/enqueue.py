@@ -7,6 +7,9 @@ against the declarations stored in the database: the same rules as for SQL calle
 Arguments are sent as JSON written by orjson. ``decimal.Decimal`` values (what a handler
 gets for a ``numeric`` field) are written digit for digit, and so are integers beyond 64
 bits; NaN and infinities, which JSON cannot carry, are refused here with the field named.
+
+With OpenTelemetry loaded and a span current, the row also keeps the span's W3C trace
+context (``atlantis.jobs.trace_context``): the job's attempts are traced as its children.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from atlantis import limits
+from atlantis import limits, tracing
 from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
 from atlantis.store import caller
@@ -60,7 +63,16 @@ def _params(
         "priority": priority,
         "queue": queue,
         "delay": delay,
+        "trace_context": trace_context(),
     }
+
+
+def trace_context() -> Jsonb | None:
+    """The enqueuer's W3C trace context (OpenTelemetry, when it is loaded and a span is
+    current; :mod:`atlantis.tracing`), kept in the row: the attempt's span is its child.
+    Workflows keep their starter's the same way, for every step's row."""
+    carrier = tracing.enqueue_context()
+    return None if carrier is None else Jsonb(carrier)
 
 
 def args_json(name: str, args: Mapping[str, Any]) -> Jsonb:

@@ -19,7 +19,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from atlantis import operations
-from atlantis.enqueue import args_json
+from atlantis.enqueue import args_json, trace_context
 from atlantis.enqueue import translate as enqueue_translate
 from atlantis.errors import WorkflowNotFoundError
 from atlantis.store.queries import Q
@@ -33,7 +33,7 @@ def _translate(exc: psycopg.Error) -> BaseException:
 
 
 def _start_params(name: str, args: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"name": name, "args": args_json(name, args or {})}
+    return {"name": name, "args": args_json(name, args or {}), "trace_context": trace_context()}
 
 
 def _one(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any]) -> Any:

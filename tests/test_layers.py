@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("units",),
     ("limits",),
     ("environ",),
+    ("tracing",),  # OpenTelemetry, optional: imported only by a process that loaded it
     ("protocol",),
     ("declarations",),
     ("store",),

@@ -152,7 +152,8 @@ def test_concurrent_migrations_of_several_databases_grant_each(admin_url: str) -
             with psycopg.connect(url_for(admin_url, name)) as conn:
                 assert conn.execute(
                     "SELECT has_function_privilege('atlantis_enqueuer',"
-                    " 'atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval)',"
+                    " 'atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval,"
+                    " jsonb)',"
                     " 'EXECUTE'), has_table_privilege('atlantis_reader', 'atlantis.jobs', 'SELECT'),"
                     " has_table_privilege('atlantis_enqueuer', 'atlantis.jobs', 'SELECT')"
                 ).fetchone() == (True, True, False)

@@ -61,6 +61,15 @@ ALLOWED = [
     ("0017_workflows.sql", "ADD CONSTRAINT jobs_compensation_check",
      "on columns the same migration adds: a writer of 0.2.0 never sets compensation, whose "
      "default (false) satisfies it"),
+    ("0019_trace.sql", "DROP FUNCTION atlantis.enqueue(",
+     "replaced at once by the same function with one more argument, defaulted: every call of "
+     "0.2.0 (Python's named query, SQL callers, the schedules) resolves to it unchanged"),
+    ("0019_trace.sql", "DROP FUNCTION atlantis.enqueue_many(",
+     "replaced at once by the same function with one more argument, defaulted: every call of "
+     "0.2.0 resolves to it unchanged"),
+    ("0019_trace.sql", "DROP FUNCTION atlantis.start_workflow(",
+     "replaced at once by the same function with one more argument, defaulted: every call "
+     "made before (0.3.0's workflows predate it) resolves to it unchanged"),
 ]
 
 

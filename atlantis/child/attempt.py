@@ -40,6 +40,7 @@ from typing import Any
 
 import psutil
 
+from atlantis.child import tracing
 from atlantis.child.channel import Channel
 from atlantis.child.exits import Terminated, TermSignal, exit_now
 from atlantis.child.text import (
@@ -276,6 +277,7 @@ def run_attempt(registry: Registry, run: Run, flags: AttemptFlags, channel: Chan
                 "exception", f"the child could not start the attempt: {describe(exc)}", exc)), False
         baseline = Baseline()
         watchdog.attempt_started()
+        token = tracing.begin(run.trace, _warn)
         try:
             done = _call(registry.registrations.get(run.job), run, ctx, term)
         finally:
@@ -284,6 +286,9 @@ def run_attempt(registry: Registry, run: Run, flags: AttemptFlags, channel: Chan
                 # os._exit): it must not report a second result on the shared pipe, nor
                 # wait for work with no watchdog thread (threads do not survive a fork).
                 exit_now(0)
+        spans = tracing.end(token, _warn)
+        if spans is not None:
+            done = dataclasses.replace(done, spans=spans)
         must_exit = done.error is not None and done.error.kind == "terminated"
         ctx.flush()  # the last checkpoint goes out before the result
         open_[0] = False

@@ -65,11 +65,15 @@ class Channel:
     def send_done(self, done: Done) -> None:
         """Send an attempt's result; never raises (but may end the process).
 
-        Should the result not fit a frame, its traceback goes first; should it still not
-        encode, a plain failure saying why is sent instead.
+        Should the result not fit a frame, the handler's spans go first (``Done.spans``),
+        then its traceback; should it still not encode, a plain failure saying why is sent
+        instead.
         """
         try:
             data = _frame(done)
+            if data is None and done.spans is not None:
+                done = dataclasses.replace(done, spans=None)
+                data = _frame(done)
             if data is None and done.error is not None and done.error.traceback:
                 data = _frame(dataclasses.replace(
                     done, error=dataclasses.replace(done.error, traceback=None)))

@@ -35,6 +35,7 @@ from atlantis.child.exits import (
 )
 from atlantis.child.state import ProcessState
 from atlantis.child.text import MAX_ERROR_CHARS, child_error, describe, text_of
+from atlantis.child.tracing import prepare as prepare_tracing
 from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent
 from atlantis.child.watchdog import Watchdog
 from atlantis.errors import ConfigurationError
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         Channel(opts.events_fd).send(Fatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
         return EXIT_APP_ERROR
+    prepare_tracing()  # an app that loaded OpenTelemetry: its SDK now, not at an attempt
     return serve(registry, opts.control_fd, opts.events_fd, opts.lease_fd)
 
 

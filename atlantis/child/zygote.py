@@ -33,6 +33,7 @@ from typing import NoReturn
 from atlantis.app import load_app
 from atlantis.child.main import EXIT_APP_ERROR, _die_with_parent, serve
 from atlantis.child.text import MAX_ERROR_CHARS, text_of
+from atlantis.child.tracing import prepare as prepare_tracing
 from atlantis.errors import ConfigurationError
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.messages import (
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigurationError as exc:
             _send(sock, ZygoteFatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
             return EXIT_APP_ERROR
+        prepare_tracing()  # the SDK imported once here, not in every worker
         # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)

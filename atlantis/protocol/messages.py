@@ -12,7 +12,7 @@ supervisor -> child (control pipe)
              decodes it against the declaration; the supervisor never does); ``lease_end``
              is CLOCK_MONOTONIC. Renewals go through the lease cell, not the pipe
              (:mod:`atlantis.protocol.leasecell`); ``workflow`` a step's context (JSON
-             text, untouched)
+             text, untouched); ``trace`` the attempt span's W3C traceparent (None: untraced)
   Cancel     ctx.cancelled becomes true (an operator cancelled the job)
   Stopping   ctx.stopping becomes true (the supervisor drains; not a cancel)
 child -> supervisor (events pipe)
@@ -22,7 +22,7 @@ child -> supervisor (events pipe)
   Checkpoint progress; ``pct`` None stands for NaN
   Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
              ``retire`` says why the child will run no other attempt; ``result`` the
-             handler's return value as JSON text
+             handler's return value as JSON text; ``spans`` the handler's spans (JSON text)
 child -> supervisor (lease cell, read once the child is gone)
   last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
              written to shared memory, which no closed descriptor or full pipe can stop
@@ -80,6 +80,7 @@ class Run:
     database_url: str | None = field(default=None, repr=False)
     workflow: str | None = None
     """A workflow step's context (``atlantis.step_context``'s JSON text); None outside."""
+    trace: str | None = None
     t: Literal["run"] = "run"
 
 
@@ -136,6 +137,7 @@ class Done:
     could not put back (:mod:`atlantis.child.state`). It exits; the supervisor replaces it."""
     result: str | None = None
     """A ``complete`` handler's return value as JSON text (:mod:`results`); None: none."""
+    spans: str | None = None
     t: Literal["done"] = "done"
 
 
@@ -203,11 +205,10 @@ _TYPES: dict[str, type[Any]] = {
 _HINTS: dict[type[Any], dict[str, Any]] = {
     cls: typing.get_type_hints(cls) for cls in (*_TYPES.values(), ChildError)
 }
-_REQUIRED: dict[type[Any], frozenset[str]] = {
-    cls: frozenset(f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-    for cls in _HINTS
-}
+_REQUIRED: dict[type[Any], frozenset[str]] = {cls: frozenset(
+    f.name for f in dataclasses.fields(cls)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    for cls in _HINTS}
 
 
 def dumps(msg: Message) -> bytes:

@@ -40,7 +40,9 @@ SELECT atlantis.retry(%(id)s, coalesce(%(by)s::text, current_user::text)) AS id
 
 -- name: workflow_start
 -- Workflows (migration 0017): in the caller's transaction, as an enqueue.
-SELECT atlantis.start_workflow(%(name)s, %(args)s::jsonb) AS id
+-- trace_context: the starter's W3C trace context (atlantis.tracing), NULL when none; every
+-- step's row gets it.
+SELECT atlantis.start_workflow(%(name)s, %(args)s::jsonb, %(trace_context)s::jsonb) AS id
 
 -- name: workflow_cancel
 SELECT atlantis.cancel_workflow(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state

@@ -496,7 +496,8 @@ CREATE OR REPLACE FUNCTION atlantis.enqueue_many(
     run_at timestamptz DEFAULT NULL,
     priority int DEFAULT NULL,
     queue text DEFAULT NULL,
-    delay interval DEFAULT NULL
+    delay interval DEFAULT NULL,
+    trace_context jsonb DEFAULT NULL
 ) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
@@ -530,11 +531,12 @@ BEGIN
               FROM unnest(args_list, checked) WITH ORDINALITY AS u(x, c, ord)
         ), ins AS (
             INSERT INTO atlantis.jobs (id, job, queue, args, max_attempts, priority, run_at,
-                                       timeout, heartbeat, backoff, limit_group)
+                                       timeout, heartbeat, backoff, limit_group, trace_context)
             SELECT input.id, decl.job, coalesce(enqueue_many.queue, decl.queue), input.args,
                    decl.max_attempts, coalesce(enqueue_many.priority, decl.priority), start_at,
                    decl.timeout, decl.heartbeat, decl.backoff,
-                   CASE WHEN limited THEN atlantis.limit_group(decl, input.args, true) END
+                   CASE WHEN limited THEN atlantis.limit_group(decl, input.args, true) END,
+                   enqueue_many.trace_context
               FROM input
         )
         -- A data-modifying CTE always runs; `input` is computed once for both uses.
@@ -548,11 +550,13 @@ BEGIN
         key := atlantis.unique_key(decl, a);
         LOOP
             INSERT INTO atlantis.jobs (job, queue, args, max_attempts, priority, run_at,
-                                       timeout, heartbeat, backoff, unique_key, limit_group)
+                                       timeout, heartbeat, backoff, unique_key, limit_group,
+                                       trace_context)
             VALUES (decl.job, coalesce(enqueue_many.queue, decl.queue), a, decl.max_attempts,
                     coalesce(enqueue_many.priority, decl.priority), start_at, decl.timeout,
                     decl.heartbeat, decl.backoff, key,
-                    CASE WHEN limited THEN atlantis.limit_group(decl, a, true) END)
+                    CASE WHEN limited THEN atlantis.limit_group(decl, a, true) END,
+                    enqueue_many.trace_context)
             ON CONFLICT (job, unique_key)
                 WHERE unique_key IS NOT NULL AND state IN ('available', 'running')
                 DO NOTHING
@@ -578,12 +582,14 @@ CREATE OR REPLACE FUNCTION atlantis.enqueue(
     run_at timestamptz DEFAULT NULL,
     priority int DEFAULT NULL,
     queue text DEFAULT NULL,
-    delay interval DEFAULT NULL
+    delay interval DEFAULT NULL,
+    trace_context jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE sql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
 AS $$
-    SELECT (atlantis.enqueue_many(job_name, ARRAY[args], run_at, priority, queue, delay))[1]
+    SELECT (atlantis.enqueue_many(job_name, ARRAY[args], run_at, priority, queue, delay,
+                                  trace_context))[1]
 $$;
 
 
@@ -1164,12 +1170,14 @@ DECLARE
     step_args jsonb := atlantis.step_args(job_name, w.args);
 BEGIN
     INSERT INTO atlantis.jobs (job, queue, args, max_attempts, priority, timeout, heartbeat,
-                               backoff, workflow_id, step, compensation, limit_group)
+                               backoff, workflow_id, step, compensation, limit_group,
+                               trace_context)
     VALUES (decl.job, decl.queue, step_args, decl.max_attempts,
             decl.priority, decl.timeout, decl.heartbeat, decl.backoff, w.id, s.step, undo,
             atlantis.limit_group(decl, step_args, EXISTS (
                 SELECT 1 FROM atlantis.queues q
-                 WHERE q.name = decl.queue AND q.concurrency IS NOT NULL)))
+                 WHERE q.name = decl.queue AND q.concurrency IS NOT NULL)),
+            w.trace_context)
     RETURNING id INTO new_id;
     IF undo THEN
         UPDATE atlantis.workflow_steps ws SET comp_job_id = new_id
@@ -1187,7 +1195,8 @@ $$;
 -- each step and compensation will take, now rather than when a step becomes runnable.
 -- A workflow declared `unique (...)` returns the id of the running or compensating one
 -- holding the key. The steps without `after` get their rows at once.
-CREATE OR REPLACE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}')
+CREATE OR REPLACE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}',
+                                                   trace_context jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
@@ -1226,8 +1235,9 @@ BEGIN
     END LOOP;
     key := atlantis.unique_key(as_job, checked);
     LOOP
-        INSERT INTO atlantis.workflow_instances (workflow, args, unique_key, deadline)
-        VALUES (decl.workflow, checked, key, now() + decl.timeout)
+        INSERT INTO atlantis.workflow_instances (workflow, args, unique_key, deadline,
+                                                 trace_context)
+        VALUES (decl.workflow, checked, key, now() + decl.timeout, start_workflow.trace_context)
         ON CONFLICT (workflow, unique_key)
             WHERE unique_key IS NOT NULL AND state IN ('running', 'compensating')
             DO NOTHING

@@ -121,10 +121,10 @@ _GRANTS: dict[str, LiteralString] = {
     "atlantis_enqueuer": """
 GRANT USAGE ON SCHEMA atlantis TO atlantis_enqueuer;
 GRANT EXECUTE ON FUNCTION
-    atlantis.enqueue(text, jsonb, timestamptz, int, text, interval),
-    atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval),
+    atlantis.enqueue(text, jsonb, timestamptz, int, text, interval, jsonb),
+    atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval, jsonb),
     atlantis.cancel(bigint, text),
-    atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text)
+    atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text)
     TO atlantis_enqueuer;""",
     # atlantis-supervise: claims, leases, results, attempts, logs, its workers row,
     # schedules and retention, and syncing declarations into job_types; no DDL, no
@@ -150,7 +150,7 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.cancel(bigint, text), atlantis.retry(bigint, text),
     atlantis.pause(text, text, text), atlantis.resume(text, text),
     atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[]),
-    atlantis.start_workflow(text, jsonb), atlantis.cancel_workflow(bigint, text),
+    atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
     atlantis.retry_workflow(bigint, text), atlantis.prune_workflows(interval, text[], int),
     atlantis.set_queue_limit(text, int, text)
     TO atlantis_operator;

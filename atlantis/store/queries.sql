@@ -6,8 +6,9 @@
 -- name: enqueue_many
 -- The args go in binary (`%(args)b`): PostgreSQL then reads the array without parsing and
 -- unescaping its text form, 1.7 ms for 1,000 args instead of 7 to 8.
+-- trace_context: the enqueuer's W3C trace context (atlantis.tracing), NULL when none.
 SELECT atlantis.enqueue_many(%(job)s, %(args)b::jsonb[], %(run_at)s, %(priority)s, %(queue)s,
-                             %(delay)s)
+                             %(delay)s, %(trace_context)s::jsonb)
 
 -- name: sync_job_type
 -- Returns whether the job's limits changed: its rows are then marked anew (limit_mark).
@@ -70,14 +71,20 @@ RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_at
           extract(epoch FROM j.backoff)::float8 AS backoff,
           now() + j.timeout AS deadline, j.workflow_id,
           CASE WHEN j.workflow_id IS NULL THEN NULL
-               ELSE atlantis.step_context(j.id)::text END AS workflow
+               ELSE atlantis.step_context(j.id)::text END AS workflow,
+          j.trace_context
 
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
 -- NULL id and says when to try again (wake_in, seconds) and where the next call starts
 -- (cursor, passed back as `after`).
-SELECT * FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
-                                     %(after)s)
+-- The enqueuer's trace context (migration 0019) is read here, before the hint's columns.
+SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
+       c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
+       (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
+       c.wake_in, c.cursor
+  FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
+                              %(after)s) AS c
 
 -- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value

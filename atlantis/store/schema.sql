@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0018) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0019) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -134,19 +134,19 @@ CREATE FUNCTION atlantis.delete_finished(ids bigint[]) RETURNS integer
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.enqueue(job_name text, args jsonb DEFAULT '{}'::jsonb, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval) RETURNS bigint
+CREATE FUNCTION atlantis.enqueue(job_name text, args jsonb DEFAULT '{}'::jsonb, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: enqueue_many(text, jsonb[], timestamp with time zone, integer, text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: enqueue_many(text, jsonb[], timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.enqueue_many(job_name text, args_list jsonb[], run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval) RETURNS bigint[]
+CREATE FUNCTION atlantis.enqueue_many(job_name text, args_list jsonb[], run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
@@ -484,6 +484,7 @@ CREATE TABLE atlantis.jobs (
     compensation boolean DEFAULT false NOT NULL,
     result jsonb,
     limit_group text,
+    trace_context jsonb,
     CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_compensation_check CHECK (((NOT compensation) OR (workflow_id IS NOT NULL))),
     CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
@@ -499,7 +500,8 @@ CREATE TABLE atlantis.jobs (
     CONSTRAINT jobs_started_attempt_check CHECK (((state <> ALL (ARRAY['running'::text, 'complete'::text])) OR (attempt >= 1))),
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['available'::text, 'running'::text, 'complete'::text, 'dead'::text, 'cancelled'::text]))),
     CONSTRAINT jobs_step_check CHECK (((workflow_id IS NULL) = (step IS NULL))),
-    CONSTRAINT jobs_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (heartbeat > '00:00:00'::interval)))
+    CONSTRAINT jobs_timeout_check CHECK (((timeout > '00:00:00'::interval) AND (heartbeat > '00:00:00'::interval))),
+    CONSTRAINT jobs_trace_context_check CHECK ((jsonb_typeof(trace_context) = 'object'::text))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
 
@@ -512,10 +514,10 @@ CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: start_workflow(text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: start_workflow(text, jsonb, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb) RETURNS bigint
+CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
@@ -572,10 +574,12 @@ CREATE TABLE atlantis.workflow_instances (
     cancelled_by text,
     retried_by text,
     retried_at timestamp with time zone,
+    trace_context jsonb,
     CONSTRAINT workflow_instances_cause_check CHECK ((cause = ANY (ARRAY['failed'::text, 'cancelled'::text, 'timeout'::text]))),
     CONSTRAINT workflow_instances_finished_check CHECK (((state = ANY (ARRAY['complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT workflow_instances_state_cause_check CHECK ((((state = 'running'::text) = (cause IS NULL)) OR (state = 'complete'::text))),
-    CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])))
+    CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text]))),
+    CONSTRAINT workflow_instances_trace_context_check CHECK ((jsonb_typeof(trace_context) = 'object'::text))
 );
 
 --

@@ -46,6 +46,8 @@ class ClaimedRow:
     child untouched; None outside workflows."""
     workflow_id: int | None = None
     """The step's workflow; None outside workflows."""
+    trace_context: dict[str, str] | None = None
+    """The enqueuer's W3C trace context (migration 0019); None when it traced nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +198,10 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
     rows: list[ClaimedRow] = []
     wake_in: float | None = None
     cursor: str | None = after
-    # The columns of atlantis.claim_limited, in order; the last row has a NULL id.
+    # The columns of atlantis.claim_limited, in order, with the row's trace context before the
+    # last two (the hint's); the last row has a NULL id.
     for (job_id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout_s,
-         heartbeat, backoff, deadline, workflow_id, workflow, wake, last) in raw:
+         heartbeat, backoff, deadline, workflow_id, workflow, trace, wake, last) in raw:
         if job_id is None:
             wake_in, cursor = wake, last
             continue
@@ -206,7 +209,7 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
             id=job_id, job=job, queue=queue, args=args, attempt=attempt,
             max_attempts=max_attempts, cancel_requested=cancel_requested, timeout=timeout_s,
             heartbeat=heartbeat, backoff=backoff, deadline=deadline, run=run,
-            workflow=workflow, workflow_id=workflow_id))
+            workflow=workflow, workflow_id=workflow_id, trace_context=trace))
     return LimitedClaim(rows, wake_in, cursor)
 
 

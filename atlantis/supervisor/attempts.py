@@ -50,6 +50,9 @@ class Attempt:
     """The handler was told the supervisor is draining (``ctx.stopping``): once."""
     log_lines: int = 0
     log_dropped: int = 0
+    span: Any = None
+    """Its OpenTelemetry span while tracing is on (:mod:`atlantis.supervisor.tracing`)."""
+    span_ended: bool = False
 
     # The claimed row's own facts, read so often that each is an attribute (the row is frozen).
     job_id: int = field(init=False)

@@ -32,11 +32,13 @@ from collections.abc import Callable
 
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import ClaimedRow
-from atlantis.supervisor import policy
+from atlantis.supervisor import policy, tracing
+from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.supervisor.settings import Settings
+from atlantis.tracing import CLAIM_SPAN
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -189,14 +191,14 @@ class Claimer(Service):
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
         self._claiming = True
+        began = tracing.now_ns()
         try:
             rows = await sql.claim(self.db, rt.worker_id, queues, jobs, want,
                                    rt.settings.claim_timeout, sorted(rt.limited_jobs))
         finally:
             self._claiming = False
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at
-        for row in rows:
-            self._hold(row, t0)
+        self._traced([self._hold(row, t0) for row in rows], began, queues)
         self.start_held()
         if rows and len(rows) == want:
             rt.wake.set()  # more work may be waiting
@@ -205,6 +207,7 @@ class Claimer(Service):
         """Claim rows of limited jobs for ``idle`` children; returns how many came."""
         rt = self.rt
         self._claiming = True
+        began = tracing.now_ns()
         try:
             got = await sql.claim_limited(self.db, rt.worker_id, queues, jobs, idle,
                                           rt.settings.claim_timeout, self._cursor)
@@ -212,8 +215,7 @@ class Claimer(Service):
             self._claiming = False
         self._cursor = got.cursor
         t0 = self.db.sent_at
-        for row in got.rows:
-            self._hold(row, t0)
+        self._traced([self._hold(row, t0) for row in got.rows], began, queues)
         self.start_held()
         if got.wake_in is not None:
             at = rt.now() + got.wake_in
@@ -223,21 +225,27 @@ class Claimer(Service):
             rt.wake.set()  # more work may be waiting
         return len(got.rows)
 
-    def _hold(self, row: ClaimedRow, t0: float) -> None:
+    def _traced(self, claimed: list[Attempt], began: int, queues: list[str]) -> None:
+        """A claim that got rows: its span (OpenTelemetry), linked to their attempts'."""
+        if claimed:
+            self.ledger.tracing.batch(CLAIM_SPAN, claimed, began, {"atlantis.queues": queues})
+
+    def _hold(self, row: ClaimedRow, t0: float) -> Attempt:
         """Hold a claimed row for the next idle child that can run it."""
         rt = self.rt
         a = self.ledger.claimed(row, t0)
         if rt.draining:  # claimed as the drain began: give it back now
             self.ledger.end(a, policy.RELEASE)
-            return
+            return a
         if policy.lease_lost(rt.now(), a.lease_end, a.heartbeat):
             # The answer came too late (a stalled supervisor, a slow link): an attempt
             # started now would be stopped at once, and the row may be rescued meanwhile.
             log.warning("job=%d: its claim was answered after %s, too late to start it; "
                         "giving it back", row.id, format_duration(rt.now() - t0))
             self.ledger.end(a, policy.RELEASE)
-            return
+            return a
         self.ledger.hold(a)
+        return a
 
     async def _release_orphans(self) -> None:
         """Give back rows claimed by a claim whose answer never arrived (see the query)."""

@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from atlantis.limits import MAX_PROGRESS_MSG
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import Progress, Result
+from atlantis.supervisor import tracing
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.policy import clip
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.tracing import FINISH_SPAN
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -65,6 +67,7 @@ class Completer(Service):
             # At most --finish-batch a statement: a backlog of results (after a stall) goes out
             # in several, each as quick to write and to retry as a usual one.
             batch = self.ledger.take_ended(self.rt.settings.finish_batch)
+            began = tracing.now_ns()
             try:
                 await self._write(batch)
             except DatabaseUnavailable as exc:
@@ -78,6 +81,7 @@ class Completer(Service):
                 self.ledger.written()
                 raise
             self.ledger.written()
+            self.ledger.tracing.batch(FINISH_SPAN, (a for a, _ in batch), began, {})
             if self.ledger.ended:
                 self.flush.set()
             self.rt.changed.set()

@@ -26,15 +26,20 @@ from atlantis.supervisor import policy
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.settings import Settings
+from atlantis.supervisor.tracing import Tracing
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
 
 class Ledger:
-    def __init__(self, settings: Settings, metrics: Metrics, now: Callable[[], float]) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, now: Callable[[], float],
+                 worker: str = "") -> None:
         self.settings = settings
         self.metrics = metrics
         self.now = now
+        self.worker = worker
+        self.tracing = Tracing()
+        """The attempts' spans (OpenTelemetry), from claim to end."""
         self.held: deque[Attempt] = deque()
         """Claimed ahead of need, oldest first. Their leases are not renewed: each is
         started or given back within ``claim_ahead_hold``, well inside its first lease."""
@@ -60,7 +65,9 @@ class Ledger:
     def claimed(self, row: ClaimedRow, sent_at: float) -> Attempt:
         """A row just claimed: an attempt whose lease counts from when the claim went out."""
         self.lost.pop(row.id, None)  # back to us: an older loss of it is over
-        return Attempt(row=row, lease_end=sent_at + row.heartbeat, renewed_at=sent_at)
+        a = Attempt(row=row, lease_end=sent_at + row.heartbeat, renewed_at=sent_at)
+        self.tracing.begin(a, self.worker)
+        return a
 
     def hold(self, a: Attempt) -> None:
         self.held.append(a)
@@ -156,6 +163,7 @@ class Ledger:
         self.on_change()
         self.metrics.attempt_ended(a.queue, a.job, "lost" if a.lost else outcome.label,
                                    self.now() - a.started if a.started else None)
+        self.tracing.end(a, outcome.label, outcome.error, a.lost)
         if a.lost:
             log.warning("%s: the lease was lost; its result is not written", a.tag(),
                         extra=a.log_extra())

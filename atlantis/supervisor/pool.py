@@ -200,6 +200,7 @@ class Pool(Service):
             # supervisor that is alive acts first and records why; both precede the lease end.
             lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
             database_url=self.rt.settings.child_database_url, workflow=row.workflow,
+            trace=self.ledger.tracing.traceparent(a),
         ))  # a child that died meanwhile is handled by its exit
         # (A row cancelled while its claim was on its way never gets here: Ledger.take_held
         # ends it cancelled before any child takes it.)
@@ -262,8 +263,11 @@ class Pool(Service):
         if isinstance(msg, Checkpoint):
             a.took_checkpoint(Progress(policy.pct_value(msg.pct),
                                        policy.clip(msg.msg, MAX_PROGRESS_MSG)), rt.now())
+            self.ledger.tracing.checkpoint(a, msg.pct, msg.msg)
             return
         assert isinstance(msg, Done)
+        if msg.spans is not None:
+            self.ledger.tracing.ingest(a, msg.spans)
         self._done(child, a, msg)
 
     def _done(self, child: Child, a: Attempt, msg: Done) -> None:

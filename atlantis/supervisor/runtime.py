@@ -59,7 +59,7 @@ class Runtime:
         self._dbs: list[Db] = []
         self._timing = Timing.of(self.settings)
         self.health = Health(self._timing.outage_report_every)
-        self.ledger = Ledger(self.settings, self.metrics, self.now)
+        self.ledger = Ledger(self.settings, self.metrics, self.now, self.worker_id)
         self.ledger.on_change = self.changed.set
 
     def db(self, role: str) -> Db:
