@@ -165,7 +165,7 @@ JOB_COLUMNS = ["id", "job", "queue", "args", "state", "attempt", "max_attempts",
                "progress_msg", "progress_at", "last_error", "errors", "error_count", "created_at",
                "started_at", "finished_at", "backoff", "unique_key", "cancel_requested_at",
                "cancelled_by", "retried_by", "retried_at", "progress_history", "run",
-               "workflow_id", "step", "compensation", "result", "limit_group"]
+               "workflow_id", "step", "compensation", "result", "limit_group", "trace_context"]
 COMPUTED = ["stall_after", "stalled", "rate", "eta_seconds"]
 
 

@@ -84,6 +84,9 @@ class JobRow:
     limit_group: str | None
     """The values of its job's limits' ``by`` fields ('' when they name none); None when no
     limit applies to it (migration 0018)."""
+    trace_context: dict[str, str] | None
+    """The enqueuer's W3C trace context (``traceparent``, ``tracestate``) when it traced
+    (migration 0019); None otherwise."""
     stall_after: float
     stalled: bool
     db_now: datetime

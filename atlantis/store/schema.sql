@@ -794,7 +794,8 @@ CREATE VIEW atlantis.job_rows AS
     step,
     compensation,
     result,
-    limit_group
+    limit_group,
+    trace_context
    FROM atlantis.jobs j;
 
 --
