@@ -27,9 +27,15 @@ from atlantis.store import embedded
 
 
 def suite_major() -> int:
-    """``ATLANTIS_TEST_PG`` (16 or 18), else the embedded default."""
+    """The suite's PostgreSQL major: ``ATLANTIS_TEST_PG`` (16 or 18), else the embedded
+    default (18). ValueError, in one line, for a major the embedded wheel does not ship."""
     raw = os.environ.get(environ.TEST_PG, "").strip()
-    return int(raw) if raw.isdigit() else embedded.DEFAULT_MAJOR
+    if not raw:
+        return embedded.DEFAULT_MAJOR
+    if not raw.isdigit() or int(raw) not in embedded.MAJORS:
+        raise ValueError(f"{environ.TEST_PG}={raw!r}: the embedded server ships "
+                         f"{' and '.join(map(str, embedded.MAJORS))}")
+    return int(raw)
 
 
 @dataclass

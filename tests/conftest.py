@@ -47,14 +47,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
 
 
 def suite_major() -> int:
-    """The suite's PostgreSQL major: ``ATLANTIS_TEST_PG`` (16 or 18), else the default (18)."""
-    raw = os.environ.get(environ.TEST_PG, "").strip()
-    if not raw:
-        return embedded.DEFAULT_MAJOR
-    if not raw.isdigit() or int(raw) not in embedded.MAJORS:
-        raise pytest.UsageError(f"{environ.TEST_PG}={raw!r}: the embedded server ships "
-                                f"{' and '.join(map(str, embedded.MAJORS))}")
-    return int(raw)
+    """The suite's PostgreSQL major (:func:`chaos.server.suite_major`); a bad
+    ``ATLANTIS_TEST_PG`` is a usage error of pytest's."""
+    from chaos.server import suite_major as major
+
+    try:
+        return major()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pg_bin() -> Path:

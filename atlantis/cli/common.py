@@ -100,6 +100,13 @@ def _too_slow(seconds: float) -> str:
             f"{environ.TIDE_TIMEOUT}")
 
 
+def explicit_url(ctx: click.Context) -> str | None:
+    """The database URL the command was given (``--database-url``, else
+    ``ATLANTIS_DATABASE_URL``); None: the embedded PostgreSQL."""
+    url: str | None = ctx.find_root().obj["database_url"] or os.environ.get(environ.DATABASE_URL)
+    return url
+
+
 @contextmanager
 def connection(ctx: click.Context, *, autocommit: bool = True,
                deadline: bool = True) -> Iterator[psycopg.Connection[Any]]:
@@ -115,7 +122,7 @@ def connection(ctx: click.Context, *, autocommit: bool = True,
     ``logs --follow``, migrate waiting for its lock, prune) keeps only the connect deadline.
     """
     root = ctx.find_root().obj
-    explicit = root["database_url"] or os.environ.get(environ.DATABASE_URL)
+    explicit = explicit_url(ctx)
     chosen: float | None = root.get("timeout")
     try:
         url = resolve_url(explicit)

@@ -61,11 +61,9 @@ def doctor(ctx: click.Context, as_json: bool, xact_age: str, lease_grace: str,
 
 def embedded_home(ctx: click.Context) -> checks.Home | None:
     """The embedded home doctor looks at, unless a URL names another server."""
-    import os
-
-    from atlantis import environ
+    from atlantis.cli.common import explicit_url
     from atlantis.store import embedded
 
-    if ctx.find_root().obj["database_url"] or os.environ.get(environ.DATABASE_URL):
+    if explicit_url(ctx):
         return None
     return checks.Home(str(embedded.atlantis_home()), embedded.DEFAULT_MAJOR)
