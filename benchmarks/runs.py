@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from atlantis.store.database import resolve_url
 from benchmarks.measure import CpuMeter, RssSampler
 from benchmarks.peerenv import RedisServer, installed_version, peer_python, redis_binary
 from benchmarks.scratch import url_for
-from benchmarks.systems import ATL_LATENCY, Result, System, systems
+from benchmarks.systems import ATL_LATENCY, Result, Round, System, pick, systems
 from benchmarks.tables import fmt_rate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,14 +351,12 @@ def compare(env: Env, wanted: set[str], jobs: int, latency: int,
             if s.name in wanted or s.key in wanted]
 
 
-def paired(env: Env, keys: tuple[str, str], jobs: int,
-           rounds: int) -> list[tuple[Result, Result]]:
-    """``rounds`` drains of each of two systems, taking turns (A B, B A, A B, ...): this
-    machine's speed drifts by minutes (whole runs here differ by 2x and more, every process
-    alike), so a ratio is only as good as the two drains it divides are close in time."""
-    a, b = (next(s for s in systems() if s.key == k) for k in keys)
-    pairs = []
-    for i in range(rounds):
-        got = {s.key: run_system(env, s, jobs, 0, 0.02) for s in ((a, b) if i % 2 == 0 else (b, a))}
-        pairs.append((got[a.key], got[b.key]))
-    return pairs
+def paired(env: Env, keys: Sequence[str], jobs: int, rounds: int) -> list[Round]:
+    """``rounds`` rounds, each a drain of every system of ``keys``, taking turns: in the
+    order given, then reversed (A B C, C B A, A B C, ...), so that each system runs as often
+    early as late. This machine's speed drifts by minutes (whole runs here differ by 2x and
+    more, every process alike), so a ratio is only as good as the two drains it divides are
+    close in time: compare within a round."""
+    chosen = pick(list(keys))
+    return [{s.key: run_system(env, s, jobs, 0, 0.02)
+             for s in (chosen if i % 2 == 0 else chosen[::-1])} for i in range(rounds)]

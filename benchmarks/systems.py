@@ -31,14 +31,23 @@ class System:
     """PostgreSQL systems: one row (jobs not yet picked up, jobs done); may use %(jobs)s."""
     redis_queue: str = ""
     """Redis systems: the list holding the waiting jobs (done ones are in ``bench:done``)."""
+    readme_model: str = ""
+    """The model as README.md's performance table words it (after the name and version)."""
+    readme_settings: str = ""
+    """The settings as README.md's performance table words them."""
 
 
 def atlantis_system(concurrency: int, isolation: str = "reuse") -> System:
-    model = ("supervisor + reused child processes" if isolation == "reuse"
+    reuse = isolation == "reuse"
+    model = ("supervisor + reused child processes" if reuse
              else "supervisor + a new child per attempt (zygote fork)")
     return System(f"atlantis-{isolation}-c{concurrency}", "atlantis", model,
                   f"concurrency {concurrency}, --isolation {isolation}", None,
-                  ["--concurrency", str(concurrency), "--isolation", isolation], ATL_SQL)
+                  ["--concurrency", str(concurrency), "--isolation", isolation], ATL_SQL,
+                  readme_model=("reused children" if reuse
+                                else "a new child per attempt (zygote fork)"),
+                  readme_settings=f"`--concurrency {concurrency}"
+                  + ("`" if reuse else f" --isolation {isolation}`"))
 
 
 def systems() -> list[System]:
@@ -55,25 +64,45 @@ def systems() -> list[System]:
         atlantis_system(8),
         atlantis_system(4, "fresh"),
         System("pgqueuer-b10", "pgqueuer", pgq, "unbounded (asyncio), batch_size=10 (default), "
-               "asyncpg", "pgqueuer", [], pgq_sql),
+               "asyncpg", "pgqueuer", [], pgq_sql, readme_model="in-process asyncio",
+               readme_settings="batch 10 (default)"),
         System("pgqueuer-b200", "pgqueuer", pgq, "unbounded (asyncio), batch_size=200, asyncpg",
-               "pgqueuer", ["--batch-size", "200"], pgq_sql),
+               "pgqueuer", ["--batch-size", "200"], pgq_sql, readme_model="in-process asyncio",
+               readme_settings="batch 200"),
         System("procrastinate", "procrastinate", "in-process asyncio, one job a fetch",
-               "concurrency 1 (default worker)", "procrastinate", [], pro_sql),
+               "concurrency 1 (default worker)", "procrastinate", [], pro_sql,
+               readme_model="in-process asyncio", readme_settings="default worker"),
         System("chancy", "chancy", "worker + process pool executor (default executor)",
                "concurrency 8, process executor, eager_polling", "chancy", ["--concurrency", "8"],
-               chancy_sql),
+               chancy_sql, readme_model="process pool executor",
+               readme_settings="concurrency 8"),
         System("rq", "rq", "worker-pool, a forked work horse per job (default Worker)",
                "concurrency 4 (4 workers)", "rq", ["--workers", "4"],
-               redis_queue="rq:queue:bench"),
+               redis_queue="rq:queue:bench", readme_model="a forked work horse per job",
+               readme_settings="4 workers"),
         System("celery", "celery", "prefork pool, Redis broker, early acks (default)",
                "concurrency 8, -P prefork", "celery", ["--concurrency", "8"],
-               redis_queue="celery"),
+               redis_queue="celery", readme_model="prefork pool, Redis",
+               readme_settings="concurrency 8"),
     ]
 
 
-#: The headline pair: atlantis's reuse target against pgqueuer's default.
-PAIR = ("atlantis-reuse-c8", "pgqueuer-b10")
+def pick(wanted: list[str]) -> list[System]:
+    """The systems named by ``wanted`` (keys such as ``atlantis-reuse-c8``, or names such as
+    ``pgqueuer`` for all of its rows), in the order given, each once."""
+    chosen: list[System] = []
+    for want in wanted:
+        for system in systems():
+            if want in (system.key, system.name) and system.key not in {s.key for s in chosen}:
+                chosen.append(system)
+    return chosen
+
+
+#: The paired rounds of the reuse target: atlantis reuse c8 against pgqueuer's default batch
+#: and its batch of 200, the three taking turns (A B C, C B A, ...).
+TRIO = ("atlantis-reuse-c8", "pgqueuer-b10", "pgqueuer-b200")
+#: The paired rounds of the fresh target: a new process per attempt against RQ's fork per job.
+FORKS = ("atlantis-fresh-c4", "rq")
 
 
 @dataclasses.dataclass
@@ -101,3 +130,7 @@ class Result:
 
     def add_note(self, note: str) -> None:
         self.note = "; ".join(filter(None, [self.note, note]))
+
+
+Round = dict[str, Result]
+"""One paired round: each system's drain by its key, in the order they ran."""

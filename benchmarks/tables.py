@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from benchmarks.measure import percentile
-from benchmarks.systems import Result
+from benchmarks.systems import Result, Round
 
 
 def fmt(value: float | None, spec: str, empty: str = "") -> str:
@@ -75,38 +75,69 @@ def quotient(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-#: What a paired round compares: drain rate, CPU per job, enqueue rate (each round
-
-
-#: enqueues its drain's jobs first).
 Measure = Callable[[Result], "float | None"]
+"""What a paired round compares: drain rate, CPU per job, enqueue rate (each round enqueues
+its drains' jobs first)."""
 
 
-def pair_ratios(pairs: list[tuple[Result, Result]], measure: Measure = jobs_rate) -> list[float]:
-    """Per round: A's ``measure`` ÷ B's (rounds where either is missing left out)."""
-    got = [quotient(measure(x), measure(y)) for x, y in pairs]
-    return [r for r in got if r is not None]
+def round_ratios(rounds: list[Round], a: str, b: str,
+                 measure: Measure = jobs_rate) -> list[float]:
+    """Per round: ``a``'s ``measure`` ÷ ``b``'s (rounds where either is missing left out)."""
+    got = [quotient(measure(r[a]), measure(r[b])) for r in rounds if a in r and b in r]
+    return [x for x in got if x is not None]
 
 
-def paired_table(pairs: list[tuple[Result, Result]]) -> str:
-    if not pairs:
+def spread(got: list[float]) -> str:
+    """The median of some ratios, bold, and their range."""
+    if not got:
+        return "—"
+    return f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
+
+
+def paired_table(rounds: list[Round], keys: Sequence[str]) -> str:
+    """One row a round: each system's jobs/s, CPU ms/job and enqueue rows/s, and the first
+    system's (A's) ratios to each other's; then the medians of those ratios."""
+    if not rounds:
         return ""
-    a, b = pairs[0][0].system.key, pairs[0][1].system.key
-    rows = [["round", f"{a} jobs/s", f"{b} jobs/s", f"{a} ÷ {b}", "CPU ms/job A / B (ratio)",
-             "enqueue rows/s A / B (ratio)"]]
-    for i, (x, y) in enumerate(pairs, 1):
-        r = quotient(x.jobs_per_s, y.jobs_per_s)
-        ca, cb = cpu_total(x), cpu_total(y)
-        ea, eb = enqueue_rate(x), enqueue_rate(y)
-        rows.append([f"{i} ({'A B' if i % 2 else 'B A'})", fmt(x.jobs_per_s, ",.0f", "—"),
-                     fmt(y.jobs_per_s, ",.0f", "—"), fmt_times(r),
-                     f"{fmt(ca, '.3f', '—')} / {fmt(cb, '.3f', '—')} ({fmt_times(quotient(ca, cb))})",
-                     f"{fmt(ea, ',.0f', '—')} / {fmt(eb, ',.0f', '—')} ({fmt_times(quotient(ea, eb))})"])
-    medians = ["median", "", ""]
-    for got in (pair_ratios(pairs, m) for m in (jobs_rate, cpu_total, enqueue_rate)):
-        medians.append(f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
-                       if got else "—")
+    letters = "ABCDEFGH"[:len(keys)]
+    a, others = keys[0], list(zip(letters[1:], keys[1:], strict=True))
+    legend = ", ".join(f"{x} = {k}" for x, k in zip(letters, keys, strict=True))
+    measures: list[tuple[str, Measure, str, str]] = [
+        ("jobs/s", jobs_rate, ",.0f", "rate"), ("CPU ms/job", cpu_total, ".3f", "CPU"),
+        ("enqueue rows/s", enqueue_rate, ",.0f", "enqueue")]
+    head = ["round (order)"]
+    for label, _, _, short in measures:
+        head.append(f"{label} {' / '.join(letters)}")
+        head += [f"{short} A ÷ {x}" for x, _ in others]
+    rows = [head]
+    for i, r in enumerate(rounds, 1):
+        order = " ".join(letters[list(keys).index(k)] for k in r)
+        row = [f"{i} ({order})"]
+        for _, measure, spec, _ in measures:
+            row.append(" / ".join(fmt(measure(r[k]), spec, "—") if k in r else "—"
+                                  for k in keys))
+            row += [fmt_times(quotient(measure(r[a]), measure(r[k]))) if a in r and k in r
+                    else "—" for _, k in others]
+        rows.append(row)
+    medians = ["median"]
+    for _, measure, _, _ in measures:
+        medians.append("")
+        medians += [spread(round_ratios(rounds, a, k, measure)) for _, k in others]
     rows.append(medians)
+    return legend + "\n\n" + markdown(rows)
+
+
+def readme_table(results: list[Result]) -> str:
+    """The rows of README.md's performance table (under "## Performance"), to paste."""
+    rows = [["system", "settings", "jobs/s", "CPU ms/job", "pickup p50 / p99 ms (idle)",
+             "enqueue rows/s"]]
+    for r in results:
+        p50, p99 = percentile(r.latencies, 50), percentile(r.latencies, 99)
+        rows.append([f"{r.system.name} {r.version}, {r.system.readme_model}",
+                     r.system.readme_settings, fmt(r.jobs_per_s, ",.0f", "—"),
+                     fmt(cpu_total(r), ".3f", "—"),
+                     f"{p50:.1f} / {p99:.1f}" if p50 is not None and p99 is not None else "—",
+                     fmt(enqueue_rate(r), ",.0f", "—")])
     return markdown(rows)
 
 

@@ -4,19 +4,26 @@ Runs, one after the other on the same embedded PostgreSQL server:
 
 1. the side-by-side drains of N no-op jobs (default 20,000) of every system, each followed
    by its idle pickup-latency run (``benchmarks/runs.py``);
-2. the backlog sweep: atlantis reuse at concurrency 8 with 10,000, 100,000 and 200,000
-   waiting;
-3. the memory run: a 200,000-job drain at concurrency 16, the supervisor's RSS and one
-   reused child's sampled against the drain's progress (first quarter vs last quarter);
+2. four paired rounds of atlantis reuse c8, pgqueuer batch 10 and pgqueuer batch 200
+   taking turns (A B C, C B A, ...), N jobs each: the reuse and CPU targets take the median
+   of the per-round ratios together with the side-by-side run's;
+3. two paired rounds of atlantis fresh c4 and RQ's four fork-per-job workers (A B, B A),
+   5,000 jobs each (RQ runs ~85 jobs/s here): the fresh target takes the median of their
+   ratios and the side-by-side run's;
 4. the many-leases run: 500 sleeping jobs (``bench.Sleep``, heartbeat 3 s, so a renewal
    tick every second) at concurrency 500 (200 when free memory is short, ~25 MB a child),
    then over a 30 s steady state: the supervisor's CPU, its renewal statements per tick
    (its ``atlantis_lease_renewals_total``, scraped from ``--metrics-port`` on 127.0.0.1),
    and the scratch database's transactions and ``atlantis.jobs`` row updates per tick
    (``pg_stat_database``, ``pg_stat_user_tables``; the embedded server has no
-   ``pg_stat_statements``).
+   ``pg_stat_statements``);
+5. the standing targets of earlier rounds (left out with ``--no-standing``): the backlog
+   sweep (atlantis reuse c8 with 10,000, 100,000 and 200,000 waiting) and the memory run
+   (a 200,000-job drain at concurrency 16, the supervisor's RSS and one reused child's
+   sampled against the drain's progress, first quarter vs last quarter);
 
-then prints the tables and the target table (measured, target, met/missed). Benchmarks,
+then prints the tables, issue 23's target table (measured; rung and aim, each with its
+verdict), the standing targets, and the rows of README.md's performance table. Benchmarks,
 not tests: the verdicts are printed, never asserted.
 """
 
@@ -45,23 +52,26 @@ from benchmarks.runs import (
     start_worker,
     stop,
 )
-from benchmarks.systems import PAIR, Result, atlantis_system
+from benchmarks.systems import FORKS, TRIO, Result, Round, atlantis_system
 from benchmarks.tables import (
-    Measure,
     cpu_total,
     enqueue_rate,
     fmt_times,
-    jobs_rate,
     markdown,
-    pair_ratios,
     paired_table,
     quotient,
     ratios,
+    readme_table,
+    round_ratios,
     table,
 )
 
-#: Extra paired drains of atlantis reuse c8 and pgqueuer batch 10 (see runs.paired).
-PAIRED_ROUNDS = 4
+#: Paired rounds of atlantis reuse c8, pgqueuer batch 10 and batch 200 (see runs.paired).
+TRIO_ROUNDS = 4
+#: Paired rounds of atlantis fresh c4 and RQ, and their jobs: RQ drains ~85 jobs/s here, so
+#: 20,000 would take 4 minutes a drain.
+FORK_ROUNDS = 2
+FORK_JOBS = 5_000
 CHILD_MB = 25  # what one reused child costs, about
 HEARTBEAT = 3.0  # bench.Sleep's heartbeat (benchmarks/bench.atl); a renewal every third
 
@@ -180,125 +190,176 @@ def _stats(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-# -- the table --------------------------------------------------------------------------
+ISSUE_HEAD = ["target", "measured", "rung (must be met)", "rung verdict", "aim", "aim verdict"]
+
+
+# -- the tables -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one ``--targets`` run measured."""
+
+    jobs: int
+    side: list[Result]
+    trio: list[Round]
+    forks: list[Round]
+    fork_jobs: int
+    leases: Leases
+    sweep: list[Result] = dataclasses.field(default_factory=list)
+    memory: Result | None = None
+
+    def side_by_key(self, key: str) -> Result | None:
+        return next((r for r in self.side if r.system.key == key), None)
 
 
 def verdict(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**missed**")
 
 
-def with_pairs(ratio: float | None, pairs: list[tuple[Result, Result]],
-               measure: Measure) -> tuple[float | None, str]:
-    """The median of the side-by-side ``ratio`` and the paired rounds' (one ratio of two
-    runs minutes apart is at the mercy of the machine's drift), and its text."""
-    got = [*([ratio] if ratio is not None else []), *pair_ratios(pairs, measure)]
-    median = statistics.median(got) if got else None
-    text = (f"median over this and {len(pairs)} paired rounds: {fmt_times(median)}"
-            + (f" (range {min(got):.2f}–{max(got):.2f}x)" if got else ""))
-    return median, text
+def median_of(side_ratio: float | None, rounds: list[float]) -> float | None:
+    """The median of a side-by-side ratio and the paired rounds' (one ratio of two drains
+    minutes apart is at the mercy of the machine's drift)."""
+    got = [*([side_ratio] if side_ratio is not None else []), *rounds]
+    return statistics.median(got) if got else None
+
+
+def _median_text(side_ratio: float | None, rounds: list[float], what: str) -> str:
+    """"**0.86x** what (range 0.82–1.04x)": the median of the side-by-side ratio and the
+    rounds'."""
+    got = [*([side_ratio] if side_ratio is not None else []), *rounds]
+    if not got:
+        return f"— {what}"
+    return (f"**{statistics.median(got):.2f}x** {what} "
+            f"(range {min(got):.2f}–{max(got):.2f}x)")
 
 
 def rate_of(result: Result | None) -> float | None:
     return result.jobs_per_s if result else None
 
 
-def by_key(results: list[Result], key: str) -> Result | None:
-    return next((r for r in results if r.system.key == key), None)
+def issue_rows(run: Run) -> list[list[str]]:
+    """Issue 23's target table: measured, then the rung and the aim, each with its verdict."""
+    rows = [ISSUE_HEAD]
+    atl, b10, b200 = (run.side_by_key(k) for k in TRIO)
+    a, k10, k200 = TRIO
+    rate = rate_of(atl)
 
+    s10, s200 = quotient(rate, rate_of(b10)), quotient(rate, rate_of(b200))
+    r10 = round_ratios(run.trio, a, k10)
+    r200 = round_ratios(run.trio, a, k200)
+    m10, m200 = median_of(s10, r10), median_of(s200, r200)
+    rows.append([
+        "reuse c8 drain vs pgqueuer batch 200",
+        f"side by side ({run.jobs:,} jobs): {_n(rate)} jobs/s = {fmt_times(s200)} batch 200 "
+        f"({_n(rate_of(b200))}), {fmt_times(s10)} batch 10 ({_n(rate_of(b10))}); "
+        + f"median of this and {len(r200)} rounds: " + _median_text(s200, r200, "batch 200")
+        + ", " + _median_text(s10, r10, "batch 10"),
+        "≥ 0.6x batch 200, and ≥ 1.2x batch 10",
+        verdict(None if m10 is None or m200 is None else m200 >= 0.6 and m10 >= 1.2),
+        "≥ 1.0x batch 200", verdict(None if m200 is None else m200 >= 1.0)])
 
-def target_rows(side: list[Result], sweep: list[Result], memory: Result,
-                leases: Leases, jobs: int,
-                pairs: list[tuple[Result, Result]]) -> list[list[str]]:
-    rows = [["workload", "measured", "target", "verdict"]]
-    atl, fresh = by_key(side, "atlantis-reuse-c8"), by_key(side, "atlantis-fresh-c4")
-    pgq, pgq200 = by_key(side, "pgqueuer-b10"), by_key(side, "pgqueuer-b200")
-    rq = by_key(side, "rq")
-    rate = atl.jobs_per_s if atl else None
+    ours = atl.cpu_ms() if atl else None
+    ours_t = cpu_total(atl) if atl else None
+    theirs_t = cpu_total(b200) if b200 else None
+    sc = quotient(ours_t, theirs_t)
+    rc = round_ratios(run.trio, a, k200, cpu_total)
+    mc = median_of(sc, rc)
+    rows.append([
+        "CPU per job, all processes (worker + children + store)",
+        (f"side by side: {_f(ours_t, '.3f')} ms ({_f(ours.worker, '.3f')} + "
+         f"{_f(ours.children, '.3f')} + {_f(ours.store, '.3f')})" if ours else "side by side: —")
+        + f" = {fmt_times(sc)} pgqueuer batch 200's {_f(theirs_t, '.3f')} ms; "
+        f"median of this and {len(rc)} rounds: " + _median_text(sc, rc, "batch 200"),
+        "≤ 3x pgqueuer batch 200", verdict(None if mc is None else mc <= 3.0),
+        "≤ 2x", verdict(None if mc is None else mc <= 2.0)])
 
-    r10 = quotient(rate, pgq.jobs_per_s if pgq else None)
-    r200 = quotient(rate, pgq200.jobs_per_s if pgq200 else None)
-    median, median_text = with_pairs(r10, pairs, jobs_rate)
-    rows.append([f"drain {jobs:,} no-op jobs, one supervisor, `--isolation reuse` "
-                 "(concurrency 8)",
-                 f"{_n(rate)} jobs/s = {fmt_times(r10)} pgqueuer batch 10 ({_n(rate_of(pgq))}),"
-                 f" {fmt_times(r200)} batch 200 ({_n(rate_of(pgq200))}); {median_text}",
-                 "≥ 1.0x pgqueuer's default (batch 10); aim ≥ 1.0x batch 200",
-                 verdict(None if median is None else median >= 1.0)
-                 + ("" if r200 is None else f" (aim: {verdict(r200 >= 1.0)})")])
-
-    first, last = (sweep[0], sweep[-1]) if sweep else (None, None)
-    flat = quotient(rate_of(last), rate_of(first))
-    rows.append([f"the same with {last.jobs if last else 0:,} waiting",
-                 " / ".join(f"{_n(r.jobs_per_s)} at {r.jobs:,}" for r in sweep)
-                 + f" jobs/s: {fmt_times(flat)}",
-                 f"≥ 0.8x the rate at {first.jobs if first else 0:,}",
-                 verdict(None if flat is None else flat >= 0.8)])
-
-    rf = quotient(rate_of(fresh), rate_of(rq))
-    rows.append(["`--isolation fresh` (concurrency 4)",
-                 f"{_n(rate_of(fresh))} jobs/s = {fmt_times(rf)} RQ, 4 fork-per-job "
-                 f"workers ({_n(rate_of(rq))})" + (f"; RQ: {rq.note}" if rq and
-                                                            rq.note else ""),
-                 "≥ 4x RQ at the same concurrency (Redis on 127.0.0.1)",
-                 verdict(None if rf is None else rf >= 4.0)])
+    fresh, rq = (run.side_by_key(k) for k in FORKS)
+    sf = quotient(rate_of(fresh), rate_of(rq))
+    rf = round_ratios(run.forks, *FORKS)
+    mf = median_of(sf, rf)
+    rows.append([
+        "fresh c4 vs RQ fork workers (4 workers), same concurrency",
+        f"side by side ({run.jobs:,} jobs): {_n(rate_of(fresh))} jobs/s = {fmt_times(sf)} RQ "
+        f"({_n(rate_of(rq))}); rounds of {run.fork_jobs:,} jobs: "
+        + (", ".join(fmt_times(x) for x in rf) or "—")
+        + f"; median of this and {len(rf)} rounds: " + _median_text(sf, rf, "RQ")
+        + (f"; RQ: {rq.note}" if rq and rq.note else ""),
+        "≥ 3x", verdict(None if mf is None else mf >= 3.0),
+        "≥ 4x", verdict(None if mf is None else mf >= 4.0)])
 
     lat = atl.latencies if atl else []
     p50, p99 = percentile(lat, 50), percentile(lat, 99)
-    rows.append([f"pickup latency, idle supervisor (reuse c8), {len(lat)} jobs enqueued one at "
-                 "a time 20 ms apart",
-                 f"p50 {_ms(p50)}, p99 {_ms(p99)}", "p50 ≤ 5 ms, p99 ≤ 25 ms",
-                 verdict(None if p50 is None or p99 is None else p50 <= 5 and p99 <= 25)])
+    ok = verdict(None if p50 is None or p99 is None else p50 <= 5 and p99 <= 25)
+    rows.append(["pickup latency, idle (reuse c8)",
+                 f"p50 {_ms(p50)}, p99 {_ms(p99)} ({len(lat)} jobs enqueued one at a time, "
+                 "20 ms apart)", "p50 ≤ 5 ms, p99 ≤ 25 ms", ok, "unchanged", ok])
 
-    rows.append(leases_row(leases))
-
-    rss = memory.rss
-    peak = rss.peak_mb() if rss else None
-    sup_q = rss.quarters(1) if rss else None
-    kid_q = rss.quarters(2) if rss else None
-    rows.append([f"supervisor memory, concurrency 16, {memory.jobs:,}-job drain"
-                 + (f"; {memory.note}" if memory.note else ""),
-                 f"supervisor peak {_f(peak, '.0f')} MB, {_q(sup_q)}; a reused child {_q(kid_q)}",
-                 "≤ 80 MB RSS, flat within ±10%; a reused child flat too",
-                 verdict(None if peak is None or sup_q is None or kid_q is None
-                         else peak <= 80 and _flat(sup_q) and _flat(kid_q))])
-
-    # CPU per job and the enqueue rate drift with the machine as the drain rate does: their
-    # verdicts, too, take the median of the side-by-side ratio and the paired rounds'.
-    ours = atl.cpu_ms() if atl else None
-    ours_t = cpu_total(atl) if atl else None
-    theirs_t = cpu_total(pgq) if pgq else None
-    rc = quotient(ours_t, theirs_t)
-    mc, mc_text = with_pairs(rc, pairs, cpu_total)
-    rows.append([f"CPU per job (supervisor + children + PostgreSQL), {jobs:,}-job drain",
-                 (f"{_f(ours_t, '.3f')} ms ({_f(ours.worker, '.3f')} + "
-                  f"{_f(ours.children, '.3f')} + {_f(ours.store, '.3f')})" if ours else "—")
-                 + f" = {fmt_times(rc)} pgqueuer batch 10's {_f(theirs_t, '.3f')} ms; {mc_text}",
-                 "≤ 2x pgqueuer's (worker + PostgreSQL)",
-                 verdict(None if mc is None else mc <= 2.0)])
-
-    ea = enqueue_rate(atl) if atl else None
-    ep = enqueue_rate(pgq) if pgq else None
-    re_ = quotient(ea, ep)
-    me, me_text = with_pairs(re_, pairs, enqueue_rate)
-    rows.append([f"`enqueue_many` (validated), {jobs:,} rows, 1,000 a transaction",
-                 f"{_n(ea)} rows/s = {fmt_times(re_)} pgqueuer's batch enqueue ({_n(ep)}); "
-                 f"{me_text}",
-                 "≥ 1.0x pgqueuer's batch enqueue (asyncpg)",
-                 verdict(None if me is None else me >= 1.0)])
+    rows.append(leases_row(run.leases))
     return rows
 
 
 def leases_row(leases: Leases) -> list[str]:
+    ok = verdict(None if leases.supervisor_pct is None else leases.supervisor_pct <= 5)
+    return [f"{leases.concurrency} sleeping jobs, supervisor CPU",
+            f"{_f(leases.supervisor_pct)}% of a core over {leases.window_s:.0f} s "
+            f"({leases.running} running, heartbeat 3 s)"
+            + (f"; {leases.note}" if leases.note else ""),
+            "≤ 5% of a core", ok, "unchanged", ok]
+
+
+def renewals_row(leases: Leases) -> list[str]:
     return [f"{leases.concurrency} concurrent sleeping jobs, heartbeat 3 s "
-            f"({leases.running} running)" + (f"; {leases.note}" if leases.note else ""),
+            f"({leases.running} running), the same run",
             f"{_f(leases.renewals_per_tick, '.2f')} renewal statements per tick "
             f"(the supervisor's counter), {_f(leases.rows_per_tick, '.0f')} job rows renewed "
             f"per tick, {_f(leases.xacts_per_tick)} transactions of the database per tick in "
-            f"all (the polls included); supervisor {_f(leases.supervisor_pct)}% of a core "
-            f"over {leases.window_s:.0f} s",
-            "one renewal statement per tick, supervisor ≤ 5% of a core",
-            verdict(None if leases.renewals_per_tick is None or leases.supervisor_pct is None
-                    else leases.renewals_per_tick <= 1.1 and leases.supervisor_pct <= 5)]
+            "all (the polls included)",
+            "one renewal statement per tick",
+            verdict(None if leases.renewals_per_tick is None
+                    else leases.renewals_per_tick <= 1.1)]
+
+
+def standing_rows(run: Run) -> list[list[str]]:
+    """The targets of earlier rounds: the backlog sweep and the memory run (when run), the
+    enqueue rate against pgqueuer's batch enqueue, one renewal statement per tick."""
+    rows = [["workload", "measured", "target", "verdict"]]
+    if run.sweep:
+        first, last = run.sweep[0], run.sweep[-1]
+        flat = quotient(rate_of(last), rate_of(first))
+        rows.append([f"reuse c8 with {last.jobs:,} waiting",
+                     " / ".join(f"{_n(r.jobs_per_s)} at {r.jobs:,}" for r in run.sweep)
+                     + f" jobs/s: {fmt_times(flat)}",
+                     f"≥ 0.8x the rate at {first.jobs:,}",
+                     verdict(None if flat is None else flat >= 0.8)])
+    if run.memory is not None:
+        memory = run.memory
+        rss = memory.rss
+        peak = rss.peak_mb() if rss else None
+        sup_q = rss.quarters(1) if rss else None
+        kid_q = rss.quarters(2) if rss else None
+        rows.append([f"supervisor memory, concurrency 16, {memory.jobs:,}-job drain"
+                     + (f"; {memory.note}" if memory.note else ""),
+                     f"supervisor peak {_f(peak, '.0f')} MB, {_q(sup_q)}; "
+                     f"a reused child {_q(kid_q)}",
+                     "≤ 80 MB RSS, flat within ±10%; a reused child flat too",
+                     verdict(None if peak is None or sup_q is None or kid_q is None
+                             else peak <= 80 and _flat(sup_q) and _flat(kid_q))])
+
+    atl, b10 = run.side_by_key(TRIO[0]), run.side_by_key(TRIO[1])
+    ea = enqueue_rate(atl) if atl else None
+    ep = enqueue_rate(b10) if b10 else None
+    se = quotient(ea, ep)
+    re_ = round_ratios(run.trio, TRIO[0], TRIO[1], enqueue_rate)
+    me = median_of(se, re_)
+    rows.append([f"`enqueue_many` (validated), {run.jobs:,} rows, 1,000 a transaction",
+                 f"side by side: {_n(ea)} rows/s = {fmt_times(se)} pgqueuer's batch enqueue "
+                 f"({_n(ep)}); median of this and {len(re_)} rounds: "
+                 + _median_text(se, re_, "pgqueuer"),
+                 "≥ 1.0x pgqueuer's batch enqueue (asyncpg)",
+                 verdict(None if me is None else me >= 1.0)])
+    rows.append(renewals_row(run.leases))
+    return rows
 
 
 def _n(v: float | None) -> str:
@@ -326,28 +387,64 @@ def _flat(q: tuple[float, float]) -> bool:
 def leases_only(env: Env, quick: bool) -> None:
     leases = sleeping(env, quick)
     print("\n" + header(env, "The many-leases run") + "\n")
-    print(markdown([["workload", "measured", "target", "verdict"], leases_row(leases)]))
+    print(markdown([ISSUE_HEAD, leases_row(leases)]))
+    print()
+    print(markdown([["workload", "measured", "target", "verdict"], renewals_row(leases)]))
 
 
-def main(env: Env, jobs: int, latency: int, quick: bool) -> None:
-    started = time.monotonic()
+def main(env: Env, jobs: int, latency: int, quick: bool, standing: bool = True) -> None:
+    phases: dict[str, float] = {}
+
+    def timed(name: str, started: float) -> None:
+        phases[name] = time.monotonic() - started
+
+    t = time.monotonic()
     side = compare(env, {"atlantis", "pgqueuer", "procrastinate", "chancy", "rq", "celery"},
                    jobs, latency, 0.02)
-    pairs = paired(env, PAIR, jobs, PAIRED_ROUNDS if not quick else 2)
-    sweep = backlog(env, backlog_sizes(quick))
-    memory = backlog(env, [10_000 if quick else 200_000], concurrency=16, track_rss=True)[0]
-    leases = sleeping(env, quick)
-    minutes = (time.monotonic() - started) / 60
+    timed("side by side", t)
+    t = time.monotonic()
+    trio = paired(env, TRIO, jobs, TRIO_ROUNDS if not quick else 2)
+    timed("rounds", t)
+    fork_jobs = min(jobs, FORK_JOBS if not quick else 500)
+    t = time.monotonic()
+    forks = paired(env, FORKS, fork_jobs, FORK_ROUNDS)
+    timed("fresh/RQ rounds", t)
+    t = time.monotonic()
+    run = Run(jobs, side, trio, forks, fork_jobs, sleeping(env, quick))
+    timed("leases", t)
+    if standing:
+        t = time.monotonic()
+        run.sweep = backlog(env, backlog_sizes(quick))
+        run.memory = backlog(env, [10_000 if quick else 200_000], concurrency=16,
+                             track_rss=True)[0]
+        timed("backlog and memory", t)
+    total = sum(phases.values())
+    took = ", ".join(f"{name} {seconds / 60:.1f}" for name, seconds in phases.items())
 
-    print("\n" + header(env, f"Target table ({minutes:.0f} min)"))
+    print("\n" + header(env, f"Target table ({total / 60:.0f} min: {took})"))
     print(f"\n### Side by side: {jobs:,} no-op jobs, one worker\n")
     print(table(side))
     print("\njobs/s of atlantis ÷ each peer's:\n")
     print(ratios(side))
-    print(f"\n### {PAIR[0]} and {PAIR[1]}, paired rounds (taking turns)\n")
-    print(paired_table(pairs))
-    print("\n### atlantis reuse c8 by backlog, and the memory run (c16)\n")
-    print(table([*sweep, memory]))
-    print("\n### Targets\n")
-    print(markdown(target_rows(side, sweep, memory, leases, jobs, pairs)))
+    print(f"\n### Paired rounds, {jobs:,} jobs each (taking turns)\n")
+    print(paired_table(trio, TRIO))
+    print(f"\n### Paired rounds, {fork_jobs:,} jobs each (taking turns)\n")
+    print(paired_table(forks, FORKS))
+    if standing:
+        print("\n### atlantis reuse c8 by backlog, and the memory run (c16)\n")
+        print(table([*run.sweep, *([run.memory] if run.memory else [])]))
+    print("\n### Targets (issue 23)\n")
+    print(markdown(issue_rows(run)))
+    print("\n### Standing targets from earlier rounds\n")
+    if not standing:
+        print("(backlog sweep and memory run left out: --no-standing)\n")
+    print(markdown(standing_rows(run)))
+    print(readme_section(side))
     print(f"\nworker logs: {env.logdir}")
+
+
+def readme_section(side: list[Result]) -> str:
+    """The rows of README.md's performance table, between two marker lines, to paste."""
+    return ("\n### README.md performance table (paste under \"## Performance\")\n\n"
+            "<!-- README performance table: begin -->\n" + readme_table(side)
+            + "\n<!-- README performance table: end -->")
