@@ -190,10 +190,9 @@ def _stats(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-ISSUE_HEAD = ["target", "measured", "rung (must be met)", "rung verdict", "aim", "aim verdict"]
-
-
 # -- the tables -------------------------------------------------------------------------
+
+ISSUE_HEAD = ("target", "measured", "rung (must be met)", "rung verdict", "aim", "aim verdict")
 
 
 @dataclasses.dataclass
@@ -227,11 +226,11 @@ def median_of(side_ratio: float | None, rounds: list[float]) -> float | None:
 def _median_text(side_ratio: float | None, rounds: list[float], what: str) -> str:
     """"**0.86x** what (range 0.82–1.04x)": the median of the side-by-side ratio and the
     rounds'."""
-    got = [*([side_ratio] if side_ratio is not None else []), *rounds]
-    if not got:
+    median = median_of(side_ratio, rounds)
+    if median is None:
         return f"— {what}"
-    return (f"**{statistics.median(got):.2f}x** {what} "
-            f"(range {min(got):.2f}–{max(got):.2f}x)")
+    got = [*([side_ratio] if side_ratio is not None else []), *rounds]
+    return f"**{median:.2f}x** {what} (range {min(got):.2f}–{max(got):.2f}x)"
 
 
 def rate_of(result: Result | None) -> float | None:
@@ -240,7 +239,7 @@ def rate_of(result: Result | None) -> float | None:
 
 def issue_rows(run: Run) -> list[list[str]]:
     """Issue 23's target table: measured, then the rung and the aim, each with its verdict."""
-    rows = [ISSUE_HEAD]
+    rows = [list(ISSUE_HEAD)]
     atl, b10, b200 = (run.side_by_key(k) for k in TRIO)
     a, k10, k200 = TRIO
     rate = rate_of(atl)
@@ -387,7 +386,7 @@ def _flat(q: tuple[float, float]) -> bool:
 def leases_only(env: Env, quick: bool) -> None:
     leases = sleeping(env, quick)
     print("\n" + header(env, "The many-leases run") + "\n")
-    print(markdown([ISSUE_HEAD, leases_row(leases)]))
+    print(markdown([list(ISSUE_HEAD), leases_row(leases)]))
     print()
     print(markdown([["workload", "measured", "target", "verdict"], renewals_row(leases)]))
 
