@@ -27,7 +27,7 @@ from atlantis.supervisor.jobset import JobSet
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Service
-from atlantis.supervisor.spawn import child_environment, spawn_child
+from atlantis.supervisor.spawn import child_environment, set_scheduling, spawn_child
 from atlantis.supervisor.zygote import Zygote
 
 log = logging.getLogger("atlantis.supervisor")
@@ -97,7 +97,8 @@ class Pool(Service):
         for _ in range(min(rt.settings.concurrency - len(live), room)):
             try:
                 child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
-                                    rt.settings.output_lines_per_second, forker)
+                                    rt.settings.output_lines_per_second, forker,
+                                    rt.settings.child_scheduling)
                 child.output.sink = self.logs.line
             except OSError as exc:  # out of descriptors or processes: try again later
                 self._start_failed(f"could not start a child: {exc}")
@@ -141,6 +142,7 @@ class Pool(Service):
                 self.old_zygotes.append(z)  # it keeps serving its running workers
             z = Zygote(self.rt.settings.app, self.env, self.rt.loop, self.generation,
                        self.ensure, self._zygote_died, self.rt.settings.fork_timeout)
+            set_scheduling(z.pid, self.rt.settings.child_scheduling)  # its workers inherit it
             self.zygote = z
         return z
 

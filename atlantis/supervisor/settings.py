@@ -59,6 +59,11 @@ class Settings:
                              default=10.0)
     isolation: str = _opt("choice", "reuse: long-lived children; fresh: a new process per attempt.",
                           default="reuse", choices=("reuse", "fresh"))
+    child_scheduling: str = _opt(
+        "choice", "batch: children (and all they start) run under SCHED_BATCH, so that a child "
+        "woken by a Run or by its own I/O never preempts the supervisor (it waits for a free "
+        "CPU or the next tick); normal: the default policy.", default="batch",
+        choices=("batch", "normal"))
     claim_ahead: int | None = _opt(
         "int", "At most this many rows claimed ahead of need, started the moment a child is "
         "free, while attempts are short (typically under half of 1s), and no more than about "
