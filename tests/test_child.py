@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import IO
 
 import orjson
+import psutil
 import pytest
 
+import atlantis
 from atlantis.child.channel import Channel
 from atlantis.child.exits import EXIT_APP_ERROR, EXIT_PROTOCOL
 from atlantis.child.text import (
@@ -41,6 +43,7 @@ from atlantis.child.text import (
     text_of,
 )
 from atlantis.child.tree import last_pid
+from atlantis.child.zygote import rehearse
 from atlantis.context import AttemptFlags, JobContext
 from atlantis.limits import MAX_CHECKPOINT_CHARS
 from atlantis.protocol.framing import HEADER
@@ -587,11 +590,12 @@ def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: P
         assert isinstance(ready_msg, Ready) and ready_msg.pid == forked.pid
         _, done = worker.attempt("discard-int")
         assert done.outcome == "discard" and done.error is not None and done.error.message == "123"
-        worker.still_serves()
-        os.close(control)  # the worker's EOF: it kills its tree
+        # One attempt per worker: once its Done is out it kills its tree, as the EOF of its
+        # control pipe would make it, without waiting for that EOF.
         exited = z.receive()
         assert exited == Exited(pid=forked.pid, code=-signal.SIGKILL)
-        for fd in (events, out):
+        assert worker.next() is None  # nothing after its Done
+        for fd in (control, events, out):
             os.close(fd)
         log = z.stderr_path.read_text()
         assert log.count("atlantis-zygote: dropped a malformed packet") == 5, log
@@ -600,6 +604,28 @@ def test_the_zygote_drops_malformed_packets_and_forks_on_a_valid_one(tmp_path: P
         assert z.proc.wait(15) == 0
     finally:
         z.close()
+
+
+def test_the_zygote_rehearses_a_worker_without_calling_the_app_or_leaving_anything(
+        tmp_path: Path) -> None:
+    """The rehearsal before the first fork fills the caches a worker's path fills (each
+    job's logger here) and calls no handler; it leaves no descriptor, thread or process."""
+    (tmp_path / "r.atl").write_text(
+        'job Count in rh {\n  args { n int not null }\n  queue "rh"\n}\n')
+    registry = atlantis.Registry.from_atl(tmp_path / "r.atl")
+    calls: list[object] = []
+    registry.register("rh.Count", lambda ctx, args: calls.append(args))
+    name = "atlantis.job.rh.Count"
+    assert name not in logging.Logger.manager.loggerDict
+    fds = set(os.listdir("/proc/self/fd"))
+    threads = threading.enumerate()
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    rehearse(registry)
+    assert calls == []
+    assert isinstance(logging.Logger.manager.loggerDict.get(name), logging.Logger)
+    assert set(os.listdir("/proc/self/fd")) == fds
+    assert threading.enumerate() == threads
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
 
 
 # ---- in-process: the helpers that make results fit ------------------------------------------

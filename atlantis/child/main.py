@@ -36,7 +36,7 @@ from atlantis.child.exits import (
 from atlantis.child.state import ProcessState
 from atlantis.child.text import MAX_ERROR_CHARS, child_error, describe, text_of
 from atlantis.child.tracing import prepare as prepare_tracing
-from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent
+from atlantis.child.tree import TREE_VARIABLE, adopt_orphans, die_with_parent, kill_group
 from atlantis.child.watchdog import Watchdog
 from atlantis.errors import ConfigurationError
 from atlantis.protocol.leasecell import LeaseCell
@@ -85,7 +85,8 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
     """Announce readiness, then run attempts until the control pipe closes.
 
     Also the entry point of a worker forked by the zygote, with the app already imported
-    (``reused`` False: it runs one attempt, so its process state is never put back).
+    (``reused`` False: it runs one attempt, so its process state is never put back, and
+    once its ``Done`` is out it kills its tree, as the EOF that would follow would make it).
     Every ``Run`` gets one ``Done``, whatever the handler did, unless the process dies
     first (killed, or its events pipe lost). A reused child puts back the process state
     it owns after each attempt, before its ``Done`` (:mod:`atlantis.child.state`); one
@@ -133,5 +134,9 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
             # non-daemon one; nor can a process that could not be put back serve on: leave
             # at once (the supervisor starts a replacement).
             exit_now(0)
+        if not reused:
+            # One attempt per process: end it now as the supervisor's EOF on the control
+            # pipe would (its whole tree), without a wake-up to wait for that EOF.
+            kill_group()
         if must_exit or term.received:
             return 0

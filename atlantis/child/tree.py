@@ -10,9 +10,10 @@ that escaped anyway should the child die before it could clean up.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import psutil
@@ -30,6 +31,17 @@ PARENT_DEATH_SIGNAL: int | None = (
 TREE_VARIABLE = environ.TREE
 
 
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once: a zygote's workers inherit it instead of each
+    loading libc's symbols again (``ctypes.CDLL`` and a fresh function object per call)."""
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+    return prctl
+
+
 def die_with_parent() -> None:
     """Have the kernel signal this process when its parent (the supervisor) dies.
 
@@ -41,11 +53,9 @@ def die_with_parent() -> None:
     if PARENT_DEATH_SIGNAL is None:
         return
     signal.signal(PARENT_DEATH_SIGNAL, lambda signum, frame: kill_group())
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux
-        pass
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(EXIT_ORPHANED)
 
@@ -58,11 +68,9 @@ def adopt_orphans() -> None:
     here and the supervisor's kill sweep both find. Orphans that exit are reaped after each
     attempt.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def has_children() -> bool:

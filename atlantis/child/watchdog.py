@@ -137,6 +137,12 @@ class Watchdog(threading.Thread):
         except OSError as exc:
             self._lost(exc)
 
+    def close(self) -> None:
+        """Close the wake-up pipe of a watchdog that was never started (the zygote's
+        rehearsal, :func:`atlantis.child.zygote.rehearse`)."""
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
     # ---- the watchdog thread ---------------------------------------------------------------
 
     def run(self) -> None:

@@ -2,14 +2,16 @@
 
 ``--isolation fresh`` wants a new process for every attempt. Starting an interpreter and
 importing the app costs hundreds of milliseconds; forking this warm, single-threaded,
-connection-free process costs a few.
+connection-free process costs a few. Before the first fork it walks a worker's path once
+without running any handler (:func:`rehearse`), so that the caches that path fills are
+filled once, here, and shared.
 
 Protocol (:mod:`atlantis.protocol.messages`; SOCK_SEQPACKET, one ``dumps()`` body a packet):
 the zygote sends ``ZygoteReady(pid)`` once the app is imported, ``ZygoteFatal(error)`` (and
 exits with ``EXIT_APP_ERROR``) if it cannot be, or ``Unsafe(reason)`` (and exits 0) if the
 app started threads at import. The supervisor then sends ``Fork(token)`` packets carrying
 exactly five descriptors (control, events, stdout, stderr, the lease cell); the zygote forks a worker that
-serves on them and answers ``Forked(token, pid)``; it reaps its workers and reports each
+serves one attempt on them and answers ``Forked(token, pid)``; it reaps its workers and reports each
 ``Exited(pid, code)`` (``code`` as in ``Popen.returncode``). A malformed packet (not a
 ``Fork``, or not five descriptors) is dropped, its descriptors closed, and logged to
 stderr; a fork the system refuses (after a few tries) is dropped the same way. The zygote
@@ -31,22 +33,30 @@ import time
 from typing import NoReturn
 
 from atlantis.app import load_app
+from atlantis.child.attempt import run_attempt
+from atlantis.child.channel import Channel
+from atlantis.child.exits import TermSignal
 from atlantis.child.main import EXIT_APP_ERROR, _die_with_parent, serve
 from atlantis.child.text import MAX_ERROR_CHARS, text_of
 from atlantis.child.tracing import prepare as prepare_tracing
+from atlantis.child.watchdog import Watchdog
 from atlantis.errors import ConfigurationError
 from atlantis.protocol.framing import ProtocolError
+from atlantis.protocol.leasecell import LeaseCell
 from atlantis.protocol.messages import (
     Exited,
     Fork,
     Forked,
     FromZygote,
+    Ready,
+    Run,
     Unsafe,
     ZygoteFatal,
     ZygoteReady,
     clip,
     decode,
     dumps,
+    encode,
 )
 from atlantis.registry import Registry
 
@@ -191,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"the app starts threads at import ({', '.join(threads)})"
             _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
             return 0
+        try:
+            rehearse(registry)
+        except Exception as exc:  # only ever a saving: workers then fill their caches themselves
+            _log(f"the rehearsal of a worker failed ({text_of(exc)}); forking anyway")
         # Everything imported so far is shared with the workers copy-on-write. A collection
         # in a worker would walk (and so write to, and copy) every one of those objects:
         # moved to a generation the collector never visits, they stay shared.
@@ -200,6 +214,51 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(sock, registry)
     except SupervisorGoneError:
         return 0  # the supervisor is gone; our workers die with us (parent-death signal)
+
+
+def rehearse(registry: Registry) -> None:
+    """Walk a worker's path once, here, before the first fork: no handler runs, nothing
+    leaves this process.
+
+    A worker writes every page it touches of the heap it shares with the zygote (CPython
+    3.11 counts references in the objects themselves), and each such page is copied for
+    it. The first run of a path also fills caches: the interpreter's method cache (a miss
+    takes a reference to the attribute's name and the type's MRO: two more objects
+    written), each job's logger. Filled here, once, they are shared with every worker
+    instead of being made again in each. The attempt is of a job no handler is registered
+    for, so it ends in a ``Done`` of its own without calling the app; its frames go into
+    a pipe that is then closed.
+    """
+    job = "atlantis.rehearsal"
+    while job in registry.registrations:
+        job += "_"
+    read_end, write_end = os.pipe()
+    cell, cell_fd = LeaseCell.create()
+    control_r, control_w = os.pipe()
+    watchdog = None
+    try:
+        term = TermSignal()
+        channel = Channel(write_end, term, cell)
+        watchdog = Watchdog(control_r, cell)  # never started: this process stays single-threaded
+        channel.send(Ready(pid=os.getpid(), tree="", jobs="\n".join(sorted(registry.registrations))))
+        for name in (job, *sorted(registry.registrations)):
+            logging.getLogger(f"atlantis.job.{name}")  # as a worker's attempt names it
+        os.write(control_w, encode(Run(
+            job_id=0, job=job, queue="", attempt=1, max_attempts=1, args="{}",
+            deadline="2000-01-01T00:00:00+00:00", lease_end=time.monotonic() + 3600.0,
+            lease_margin=1.0)))
+        run, flags = watchdog.next_run()
+        cell.set(run.lease_end)
+        done, _must_exit = run_attempt(registry, run, flags, channel, watchdog, term)
+        channel.send_done(done)
+        channel.job_id = None
+        cell.set(0.0)
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+        cell.close()
+        for fd in (read_end, write_end, cell_fd, control_r, control_w):
+            os.close(fd)
 
 
 def _serve(sock: socket.socket, registry: Registry) -> int:
