@@ -62,6 +62,10 @@ UPDATE atlantis.jobs j
        limit_group = CASE WHEN picked.limited OR j.job = ANY(%(limited)s::text[]) THEN '' END
   FROM picked
  WHERE j.id = picked.id
+   -- The same rows again, as a key list: the picked rows are then looked up by the primary
+   -- key, never found by a hash join over the whole table (the planner's choice for a batch
+   -- of 200 among up to ~10,000 rows, finished ones included).
+   AND j.id = ANY(ARRAY(SELECT picked.id FROM picked))
 -- args as text: the supervisor passes them to the child untouched; the child decodes them.
 -- So is a workflow step's context (its predecessors' results, atlantis.step_context).
 RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_attempts,
@@ -207,6 +211,10 @@ WITH r AS (
                               'at', now(), 'worker', j.claimed_by)) END
       FROM cur
      WHERE j.id = cur.id
+       -- By the key, as in `claim`: jsonb_to_recordset is always estimated at 100 rows, so
+       -- joined on `id` alone the rows were found by a scan of the whole table (2 ms a
+       -- statement at 6,000 rows, 0.3 ms a job at batch 10: benchmarks/store_cycle.py).
+       AND j.id = ANY(ARRAY(SELECT cur.id FROM cur))
     RETURNING j.id, j.state, j.run, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
               cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped
 ), timeline AS (
