@@ -33,46 +33,12 @@ RETURNING t.limits IS DISTINCT FROM coalesce((SELECT was.limits FROM was), '[]':
 SELECT atlantis.limit_mark(%(job)s)
 
 -- name: claim
--- The CTE is a fence: PostgreSQL may re-run a LIMIT ... SKIP LOCKED subquery otherwise.
--- One index-ordered scan per queue (queue = one value, so jobs_fetch_free_idx returns rows in
--- order and the LIMIT stops it early); `queue = ANY(...)` would sort every waiting row.
--- Rows marked limited (limit_group) are claim_limited's, and not in jobs_fetch_free_idx. A row of
--- a job of `limited` (those declaring limits), or on a queue with a limit, that is not
--- marked yet (enqueued as its limit was being declared) is marked here, so that the limit
--- trigger decides it.
-WITH picked AS MATERIALIZED (
-    SELECT j.id, q.limited
-      FROM (SELECT u.name, EXISTS (SELECT 1 FROM atlantis.queues l
-                                    WHERE l.name = u.name AND l.concurrency IS NOT NULL) AS limited
-              FROM unnest(%(queues)s::text[]) AS u(name)) AS q
-     CROSS JOIN LATERAL (
-            SELECT id, priority, run_at FROM atlantis.jobs
-             WHERE state = 'available' AND queue = q.name AND run_at <= now()
-               AND job = ANY(%(jobs)s::text[]) AND limit_group IS NULL
-             ORDER BY priority, run_at, id
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED
-           ) j
-     ORDER BY j.priority, j.run_at, j.id
-     LIMIT %(limit)s
-)
-UPDATE atlantis.jobs j
-   SET state = 'running', attempt = j.attempt + 1, claimed_by = %(worker)s,
-       claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]',
-       limit_group = CASE WHEN picked.limited OR j.job = ANY(%(limited)s::text[]) THEN '' END
-  FROM picked
- WHERE j.id = picked.id
--- args as text: the supervisor passes them to the child untouched; the child decodes them.
--- So is a workflow step's context (its predecessors' results, atlantis.step_context).
-RETURNING j.id, j.job, j.queue, j.args::text AS args, j.run, j.attempt, j.max_attempts,
-          j.cancel_requested_at IS NOT NULL AS cancel_requested,
-          extract(epoch FROM j.timeout)::float8 AS timeout,
-          extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
-          extract(epoch FROM j.backoff)::float8 AS backoff,
-          now() + j.timeout AS deadline, j.workflow_id,
-          CASE WHEN j.workflow_id IS NULL THEN NULL
-               ELSE atlantis.step_context(j.id)::text END AS workflow,
-          j.trace_context
+-- Up to `limit` due rows no limit applies to, for `worker` (atlantis.claim, migration 0020:
+-- the statement, with its plan made once a session). `limited`: the jobs declaring limits.
+SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
+       heartbeat, backoff, deadline, workflow_id, workflow, trace_context
+  FROM atlantis.claim(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text, %(limit)s::int,
+                      %(limited)s::text[])
 
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
@@ -207,6 +173,10 @@ WITH r AS (
                               'at', now(), 'worker', j.claimed_by)) END
       FROM cur
      WHERE j.id = cur.id
+       -- By the key, as in `claim`: jsonb_to_recordset is always estimated at 100 rows, so
+       -- joined on `id` alone the rows were found by a scan of the whole table (2 ms a
+       -- statement at 6,000 rows, 0.3 ms a job at batch 10: benchmarks/store_cycle.py).
+       AND j.id = ANY(ARRAY(SELECT cur.id FROM cur))
     RETURNING j.id, j.state, j.run, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
               cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped
 ), timeline AS (

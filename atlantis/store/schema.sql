@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0019) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0020) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -105,6 +105,15 @@ CREATE TABLE atlantis.job_types (
 
 CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS jsonb
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: claim(text[], text[], text, integer, text[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n integer, limited text[]) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, trace_context jsonb)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
