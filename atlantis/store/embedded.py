@@ -197,6 +197,30 @@ def _harden(postgres_server: Any) -> None:
     postgres_server.ensure_user_exists = _ensure_user
     if not getattr(postgres_server.pgexec, "_atlantis", False):
         postgres_server.pgexec = _own_groups(postgres_server.pgexec)
+    server_class = getattr(postgres_server, "PostgresServer", None)
+    if server_class is not None and not getattr(server_class, "_atlantis_lock", False):
+        try:  # the wheel's own dependency, for its own lock
+            import fasteners  # type: ignore[import-untyped]
+        except ImportError:  # a wheel that locks otherwise: its lock stays
+            return
+        lock = _lock_path()
+        server_class.lock_path = lock
+        server_class._lock = fasteners.InterProcessLock(lock)
+        server_class._atlantis_lock = True
+
+
+def _lock_path() -> Path:
+    """The lock the wheel takes around starting and stopping a server: one per user.
+
+    The wheel's own is one file for the whole machine when the user has no runtime folder
+    (``/tmp/.lockfile``): made 0644 by the first user who starts a server (root, say), it
+    then keeps every other user from starting one ("Permission denied"). Servers of
+    different users never share a data folder, so nothing needs a lock across users."""
+    import tempfile
+
+    runtime = os.environ.get(environ.XDG_RUNTIME_DIR)
+    folder = Path(runtime) if runtime and Path(runtime).is_dir() else Path(tempfile.gettempdir())
+    return folder / f"atlantis-postgres-{os.getuid()}.lock"
 
 
 def _ensure_user(username: str) -> Any:
