@@ -30,13 +30,11 @@ from typing import Any, LiteralString, TypeVar
 import psycopg
 from psycopg.rows import class_row
 
-import atlantis
-from atlantis.app import load_app
-from atlantis.store import migrate, supervision, sync
+from atlantis.store import supervision
 from atlantis.store.queries import Q
+from benchmarks.runs import insert_atlantis, prepare_atlantis
 from benchmarks.scratch import scratch_database
 
-APP = "benchmarks.app:registry"
 WORKER = "bench-cycle-1"
 T = TypeVar("T")
 
@@ -100,16 +98,12 @@ async def cycle(db: Conn, batch: int, split: list[float] | None = None,
 
 
 def prepare(url: str, jobs: int, extra_sql: str | None) -> None:
-    with psycopg.connect(url) as conn:
-        migrate(conn)
-        sync(conn, list(load_app(APP).decls.values()))
-        if extra_sql:
+    prepare_atlantis(url)
+    if extra_sql:
+        with psycopg.connect(url) as conn:
             conn.execute(extra_sql.encode())
-        for start in range(0, jobs, 1000):
-            atlantis.enqueue_many(conn, "bench.Noop",
-                                  [{"n": i} for i in range(start, min(start + 1000, jobs))])
-        conn.commit()
-        conn.autocommit = True
+    insert_atlantis(url, jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE atlantis.jobs")
 
 
