@@ -41,9 +41,10 @@ LIMITED_BACKLOG = 20
 """... and about this many ``chaos.Limited`` waiting, over ACCOUNTS (the first ones the
 busiest), so that both its limits are reached again and again."""
 CRUNCH = "chaos.Crunch"
-CRUNCHING = 2
-"""... and about this many ``chaos.Crunch`` waiting or running: C calls of 0.4-3 s each that
-hold the GIL, so that a fault finds some attempt whose lease only the keeper can end."""
+CRUNCHING = 1
+"""... and about this many ``chaos.Crunch`` waiting or running: C calls of about 1.5-4 s each
+(on a quiet machine of two cores) that hold the GIL, so that a fault finds an attempt whose
+lease only the keeper can end (one at a time: each holds a core, its grandchild another)."""
 ACCOUNTS = {"a0": 4, "a1": 2, "a2": 1, "a3": 1}
 """Account -> relative weight."""
 PER_ACCOUNT = next(lim.n for lim in registry.decls[LIMITED].limits if lim.by == ("account",))
@@ -136,7 +137,7 @@ class Producer:
             else:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
         limited = [self.limited_args() for _ in range(max(0, LIMITED_BACKLOG - held))]
-        crunch = [{"calls": rng.randint(1, 2), "digits": rng.randint(1500, 3000),
+        crunch = [{"calls": rng.randint(1, 2), "digits": rng.randint(2000, 5000),
                    "grandchild": rng.random() < 0.5}
                   for _ in range(max(0, CRUNCHING - crunching))]
         conn = self.cluster.conn()
