@@ -26,7 +26,7 @@ HEARTBEAT = 2.0
 WEIGHTS = {
     "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
     "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
-    "cancel_workflow": 1.5, "stop_crunching": 1.0,
+    "cancel_workflow": 1.5, "stop_crunching": 3.0,
 }
 """How often each kind of fault is picked, relatively."""
 
