@@ -23,8 +23,11 @@ meanwhile, as a real one would, and its lease watchdog decides whether it may go
 
 from __future__ import annotations
 
+import decimal
 import os
 import secrets
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -133,6 +136,55 @@ def _work(ctx: atlantis.JobContext, ticks: int, tick_ms: int, fail: bool,
 def work(ctx: atlantis.JobContext, args: Any) -> None:
     """``fail``: ``never``, or ``first`` (the first attempt fails, the next ones succeed)."""
     _work(ctx, args.ticks, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1)
+
+
+def _crunch(execution: Execution, calls: int, digits: int) -> None:
+    for _ in range(calls):
+        execution.record("c-before")
+        decimal.Context(prec=digits).ln(decimal.Decimal(3))  # one C call holding the GIL
+        execution.record("c-after")
+
+
+#: The grandchild: leaves its parent's session and is re-parented (a double fork), then
+#: crunches as its handler does, recording under the handler's execution; it holds the
+#: write end of a pipe its handler reads to EOF.
+_GRANDCHILD = """
+import os, sys
+os.setsid()
+if os.fork():
+    os._exit(0)
+from chaos.app import grandchild
+grandchild(*sys.argv[1:])
+"""
+
+
+def grandchild(url: str, job: str, attempt: str, run: str, calls: str, digits: str) -> None:
+    execution = Execution.__new__(Execution)
+    execution.url = url
+    execution.params = {"job": int(job), "attempt": int(attempt), "run": run, "pid": os.getpid()}
+    _crunch(execution, int(calls), int(digits))
+
+
+@registry.handler("chaos.Crunch")
+def crunch(ctx: atlantis.JobContext, args: Any) -> None:
+    """C calls that hold the GIL, here and in a grandchild (see jobs.atl)."""
+    execution = Execution(ctx)
+    execution.record("start")
+    waiting = None
+    if args.grandchild:
+        r, w = os.pipe()
+        p = execution.params
+        subprocess.run([sys.executable, "-c", _GRANDCHILD, execution.url, str(p["job"]),
+                        str(p["attempt"]), p["run"], str(args.calls), str(args.digits)],
+                       pass_fds=(w,), check=True)
+        os.close(w)
+        waiting = os.fdopen(r, "rb")
+    _crunch(execution, args.calls, args.digits)
+    if waiting is not None:
+        with waiting:
+            waiting.read()  # EOF: the grandchild is done
+    execution.effect()
+    execution.record("end")
 
 
 @registry.handler(LIMITED)

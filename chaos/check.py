@@ -10,9 +10,12 @@ The promises, from README.md and docs/architecture.md:
   always if the cancel was accepted: "a requested cancel always ends the job cancelled");
 - no row stays ``running`` after its lease: rescue finds it;
 - no two executions of one job overlap: a child that hears no renewal kills its own
-  process group before the lease ends, "so it is dead before any other worker may claim
-  the row". With PostgreSQL's clock for every event, the previous execution's last event
-  (tick, effect, end) comes before the next execution's start;
+  process group before the lease ends, and the lease keeper kills it even when its Python
+  cannot run (``chaos.Crunch``: C calls that hold the GIL), "so it is dead before any other
+  worker may claim the row". With PostgreSQL's clock for every event, the previous
+  execution's last event (tick, effect, end, or a time recorded before or after a C call by
+  any of its processes: ``chaos.Crunch``'s double-forked grandchild records under its
+  handler's execution) comes before the next execution's start;
 - an idempotent handler's effect is therefore present exactly once for each completed job
   (and at most once for any job);
 - no process of the run survives its supervisor (children die with it);

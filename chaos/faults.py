@@ -26,7 +26,7 @@ HEARTBEAT = 2.0
 WEIGHTS = {
     "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
     "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
-    "cancel_workflow": 1.5,
+    "cancel_workflow": 1.5, "stop_crunching": 3.0,
 }
 """How often each kind of fault is picked, relatively."""
 
@@ -95,6 +95,8 @@ class Faults:
             ("tide job cancel", f["cancel"], f"{n['cancel_too_late']} after the job finished"),
             ("tide queue pause / resume", f["pause"], ""),
             ("SIGHUP of a supervisor", f["sighup"], ""),
+            ("SIGSTOP or kill -9 of a supervisor running chaos.Crunch", f["stop_crunching"],
+             f"{n['crunch_killed']} killed, {n['crunch_stopped']} stopped past the lease"),
             ("workflow cancel", f["cancel_workflow"],
              f"{n['cancel_workflow_step']} through a step's row, "
              f"{n['cancel_workflow_late']} once it had stopped"),
@@ -160,6 +162,37 @@ class Faults:
             sup.signal(signal.SIGCONT)
 
         self._later(pause, resume)
+
+    def _stop_crunching(self) -> None:
+        """Stop (past the lease) or kill a supervisor whose child runs ``chaos.Crunch``,
+        most likely inside one of its C calls that hold the GIL: only the lease keeper can
+        end that attempt before the row is claimed again."""
+        rows = self.cluster.query(
+            "SELECT claimed_by FROM atlantis.jobs WHERE job = 'chaos.Crunch' AND state = 'running'")
+        pids = {int(r[0].split(":")[1]) for r in rows or () if r[0].count(":") >= 2
+                and r[0].split(":")[1].isdigit()}
+        candidates = [i for i in self.cluster.live() if not i.stopped and i.proc.pid in pids]
+        if not candidates:
+            return
+        sup = self.rng.choice(candidates)
+        self.counts["stop_crunching"] += 1
+        if self.rng.random() < 0.5:
+            self.notes["crunch_killed"] += 1
+            sup.killed = True
+            sup.signal(signal.SIGKILL)
+            sup.proc.wait()
+            slot = next(s for s in self.cluster.slots if s.current is sup)
+            self._later(self.rng.uniform(0.2, 1.0), lambda: self.cluster.start_supervisor(slot))
+            return
+        self.notes["crunch_stopped"] += 1
+        sup.stopped = True
+        sup.signal(signal.SIGSTOP)
+
+        def resume() -> None:
+            sup.stopped = False
+            sup.signal(signal.SIGCONT)
+
+        self._later(self.rng.uniform(2 * HEARTBEAT, 3 * HEARTBEAT), resume)
 
     def _restart_postgres(self) -> None:
         mode = self.rng.choice(["fast", "fast", "immediate"])

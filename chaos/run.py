@@ -40,6 +40,11 @@ WORKFLOW = "chaos.Order"
 LIMITED_BACKLOG = 20
 """... and about this many ``chaos.Limited`` waiting, over ACCOUNTS (the first ones the
 busiest), so that both its limits are reached again and again."""
+CRUNCH = "chaos.Crunch"
+CRUNCHING = 1
+"""... and about this many ``chaos.Crunch`` waiting or running: C calls of about 1.5-4 s each
+(on a quiet machine of two cores) that hold the GIL, so that a fault finds an attempt whose
+lease only the keeper can end (one at a time: each holds a core, its grandchild another)."""
 ACCOUNTS = {"a0": 4, "a1": 2, "a2": 1, "a3": 1}
 """Account -> relative weight."""
 PER_ACCOUNT = next(lim.n for lim in registry.decls[LIMITED].limits if lim.by == ("account",))
@@ -107,14 +112,16 @@ class Producer:
             return
         self._next = now + 0.5
         rows = self.cluster.query(
-            "SELECT count(*) FILTER (WHERE job <> 'chaos.Limited'), "
-            "       count(*) FILTER (WHERE job = 'chaos.Limited'), "
+            "SELECT count(*) FILTER (WHERE job <> 'chaos.Limited' AND state = 'available'), "
+            "       count(*) FILTER (WHERE job = 'chaos.Limited' AND state = 'available'), "
             "       (SELECT count(*) FROM atlantis.workflow_instances "
-            "         WHERE state IN ('running', 'compensating')) "
-            "  FROM atlantis.jobs WHERE state = 'available'")
+            "         WHERE state IN ('running', 'compensating')), "
+            "       count(*) FILTER (WHERE job = 'chaos.Crunch') "
+            "  FROM atlantis.jobs WHERE state = 'available' "
+            "    OR (job = 'chaos.Crunch' AND state IN ('available', 'running'))")
         if rows is None:
             return
-        waiting, held, going = rows[0]
+        waiting, held, going, crunching = rows[0]
         flows = [self.workflow_args() for _ in range(min(4, max(0, WORKFLOWS - going)))]
         work: list[dict[str, Any]] = []
         doomed: list[dict[str, Any]] = []
@@ -130,8 +137,11 @@ class Producer:
             else:
                 work.append({"ticks": rng.randint(1, 2), "tick_ms": rng.randint(2, 20)})
         limited = [self.limited_args() for _ in range(max(0, LIMITED_BACKLOG - held))]
+        crunch = [{"calls": rng.randint(1, 2), "digits": rng.randint(2000, 5000),
+                   "grandchild": rng.random() < 0.5}
+                  for _ in range(max(0, CRUNCHING - crunching))]
         conn = self.cluster.conn()
-        if conn is None or not (work or doomed or flows or limited):
+        if conn is None or not (work or doomed or flows or limited or crunch):
             return
         try:
             with conn.transaction():
@@ -141,6 +151,8 @@ class Producer:
                     self.enqueued += len(atlantis.enqueue_many(conn, LIMITED, limited))
                 if doomed:
                     self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Doomed", doomed))
+                if crunch:
+                    self.enqueued += len(atlantis.enqueue_many(conn, CRUNCH, crunch))
                 for args in flows:
                     atlantis.start_workflow(conn, WORKFLOW, args)
             self.started += len(flows)

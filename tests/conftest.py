@@ -144,12 +144,14 @@ def db(db_url: str) -> Iterator[psycopg.Connection[Any]]:
 class Supervisor:
     """A real ``atlantis-supervise`` process; its log goes to a file the test can read."""
 
-    def __init__(self, db_url: str, log_path: Path, args: list[str], env: dict[str, str]) -> None:
+    def __init__(self, db_url: str, log_path: Path, args: list[str], env: dict[str, str],
+                 session: bool = False) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [str(BIN / "atlantis-supervise"), "--database-url", db_url, *args],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=session,  # a group of its own, for a test that signals it
         )
 
     @property
@@ -192,13 +194,13 @@ def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]
 
     def start(*args: str, queues: tuple[str, ...] = ("tests",), app: str = TEST_APP,
               concurrency: int = 2, env: dict[str, str] | None = None,
-              database_url: str | None = None) -> Supervisor:
+              database_url: str | None = None, session: bool = False) -> Supervisor:
         argv = [f"--queue={q}" for q in queues]
         argv += ["--app", app, "--concurrency", str(concurrency), "--poll-interval", "0.2s",
                  "--rescue-interval", "0.5s", "--drain-timeout", "10s", "--kill-grace", "2s", *args]
         full_env = {**os.environ, **(env or {})}
         sup = Supervisor(database_url or db_url, tmp_path / f"supervisor-{len(started)}.log",
-                         argv, full_env)
+                         argv, full_env, session)
         started.append(sup)
         return sup
 

@@ -74,6 +74,21 @@ def test_an_attempt_that_ticks_after_the_next_one_started_is_an_overlap() -> Non
     assert "no two attempts of one job overlap" in failed(h)
 
 
+def test_a_grandchild_of_an_attempt_still_running_when_the_next_starts_is_an_overlap() -> None:
+    # chaos.Crunch: attempt 1's handler was killed in its C call, but its double-forked
+    # grandchild (another pid, recording under the same execution) came out of its own C
+    # call after attempt 2 had started.
+    grandchild = [Event(1, 1, "a", 999, "c-before", at(0.5)), Event(1, 1, "a", 999, "c-after", at(3.4))]
+    h = history(events=run_events(1, 1, "a", 0.0, end="") + grandchild
+                + run_events(1, 2, "b", 3.0, 3.5))
+    overlap = {r.name: r for r in check.check(h)}["no two attempts of one job overlap"]
+    assert not overlap.ok and "c-after" in overlap.examples[0]
+    # Before attempt 2's start, it is no overlap.
+    grandchild[1] = Event(1, 1, "a", 999, "c-after", at(2.9))
+    assert failed(history(events=run_events(1, 1, "a", 0.0, end="") + grandchild
+                          + run_events(1, 2, "b", 3.0, 3.5))) == set()
+
+
 def test_effects_missing_or_doubled_fail() -> None:
     assert "each completed job's effect present exactly once" in failed(history(effects={}))
     assert "each completed job's effect present exactly once" in failed(history(effects={1: 2}))

@@ -10,7 +10,7 @@ the way (``a/__init__.py`` before ``a.b``) are not counted: every module would o
 depend on its package, which imports its modules.
 
 The layers, lowest first (``LAYERS``): the bottom modules, one above the other; the store;
-the public API; the child; then the supervisor, tide, the console and the framework
+the public API; the child; the lease keeper; then the supervisor, tide, the console and the framework
 integrations side by side (the integrations use the public API; nothing imports them).
 Nothing imports a layer above its own, no modules form a cycle, and no packages do
 (``atlantis.store``, ``atlantis.cli``, ... and each module directly under ``atlantis/``,
@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store",),
     ("", "enqueue", "operations", "workflows", "registry", "context", "progress", "app", "presentation"),
     ("child",),
+    ("keeper",),  # the lease keeper: the child's tree-killing, run by a process of its own
     ("supervisor", "cli", "console", "integrations"),  # integrations: Django, SQLAlchemy
 )
 #: benchmarks/ sits above every layer of atlantis/.
@@ -60,7 +61,8 @@ SIDEWAYS = frozenset({("atlantis.cli", "atlantis.console")})
 #: of its own (the child's tree mark, say, in ``atlantis.child.tree``).
 ENTRY_POINTS = frozenset({
     "atlantis.supervisor.cli", "atlantis.cli.tide", "atlantis.child.main",
-    "atlantis.child.__main__", "atlantis.console.__main__",
+    "atlantis.child.__main__", "atlantis.console.__main__", "atlantis.keeper.main",
+    "atlantis.keeper.__main__",
 })
 
 #: An environment variable's name as a string: written in ``atlantis/environ.py`` alone.

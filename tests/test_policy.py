@@ -105,9 +105,14 @@ def test_error_texts_are_cleaned_and_clipped() -> None:
 
 
 def test_leases_and_timeouts() -> None:
-    assert policy.lease_margin(4.0) == 1.0 and policy.lease_margin(600.0) == 30.0
+    assert policy.dead_before_end(2.0) == 0.5 and policy.dead_before_end(600.0) == 30.0
+    assert policy.lease_margin(4.0) == pytest.approx(1.6) and policy.lease_margin(600.0) == 31.5
+    # The supervisor first, then the keeper, then the child: all before the guaranteed gap.
+    for hb in (0.5, 2.0, 3.0, 600.0):
+        assert (policy.lease_margin(hb) > policy.keeper_margin(hb) > policy.child_margin(hb)
+                > policy.dead_before_end(hb))
     assert not policy.lease_lost(now=10.0, lease_end=12.0, heartbeat=4.0)
-    assert policy.lease_lost(now=11.0, lease_end=12.0, heartbeat=4.0)
+    assert policy.lease_lost(now=10.5, lease_end=12.0, heartbeat=4.0)
     assert policy.renewal_due(now=2.0, renewed_at=0.5, heartbeat=4.0)
     assert not policy.renewal_due(now=1.0, renewed_at=0.5, heartbeat=4.0)
     assert policy.timed_out(now=10.0, started=5.0, timeout=5.0)

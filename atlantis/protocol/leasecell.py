@@ -8,6 +8,10 @@ Both ways, it carries what a pipe cannot carry well:
   otherwise idle supervisor did. So the supervisor writes each renewal into one shared
   double, and the watchdog reads it on its own timer, when its known lease nears its end.
   Frames carry only what must be heard at once: ``Run``, ``Cancel``, ``Stopping``.
+- **The keeper's deadline**, supervisor to the lease keeper (:mod:`atlantis.keeper`): the
+  time by which every process of the attempt must be dead, read by a process that runs no
+  handler code, so that it holds while the child's own Python cannot run (a C call that
+  holds the GIL) and the supervisor is stopped or gone.
 - **The child's last words**, child to supervisor: why it stopped its attempt itself (its
   control or events pipe lost, no renewal in time, its watchdog failed...), just before it
   kills its tree or exits. The usual reasons are exactly those that leave the events pipe
@@ -18,7 +22,7 @@ Both ways, it carries what a pipe cannot carry well:
 The lease's protocol: the supervisor sets the cell to a ``Run``'s lease end before it
 writes the ``Run`` (so the child can never read an older attempt's end for the new one),
 then to every renewal's end while that attempt runs, and to 0 when the attempt ends on its
-side. The child's watchdog takes the later of what the ``Run`` and the cell say, and only
+side; the keeper's deadline alongside, before the lease's end (both 0: no attempt). The child's watchdog takes the later of what the ``Run`` and the cell say, and only
 while an attempt runs. An aligned 8-byte store or load is one instruction on the machines
 Python runs on (x86-64, aarch64): a reader sees the old value or the new one, never a mix.
 The value is a ``CLOCK_MONOTONIC`` time, as in ``Run``.
@@ -37,7 +41,8 @@ from atlantis.protocol.messages import clean
 
 _DOUBLE = struct.Struct("d")  # native: one aligned 8-byte copy
 _LENGTH = struct.Struct("I")
-_WORDS = _DOUBLE.size  # where the last words start: their length, then their bytes
+_KEEPER = _DOUBLE.size  # the keeper's deadline
+_WORDS = 2 * _DOUBLE.size  # where the last words start: their length, then their bytes
 SIZE = mmap.PAGESIZE
 MAX_WORDS = SIZE - _WORDS - _LENGTH.size
 """Bytes of last words the cell holds; longer ones are cut (on a character's boundary)."""
@@ -60,12 +65,25 @@ class LeaseCell:
             os.close(fd)
             raise
 
-    def set(self, lease_end: float) -> None:
+    def set(self, lease_end: float, kill_by: float | None = None) -> None:
+        """The lease's end for the child, and the keeper's deadline (``kill_by``, the lease's
+        end when not given). The deadline is written first: a keeper never reads a renewed
+        lease's deadline as anything earlier than it was."""
         if self._map is not None:
+            _DOUBLE.pack_into(self._map, _KEEPER, lease_end if kill_by is None else kill_by)
             _DOUBLE.pack_into(self._map, 0, lease_end)
 
     def get(self) -> float:
         return float(_DOUBLE.unpack_from(self._map, 0)[0]) if self._map is not None else 0.0
+
+    def kill_by(self) -> float:
+        """The keeper's side: when every process of the running attempt must be dead; 0
+        when no attempt runs."""
+        return float(_DOUBLE.unpack_from(self._map, _KEEPER)[0]) if self._map is not None else 0.0
+
+    def said(self) -> bool:
+        """Whether last words were stored already (the keeper adds none then)."""
+        return self._map is not None and _LENGTH.unpack_from(self._map, _WORDS)[0] > 0
 
     def set_last_words(self, why: str) -> None:
         """The child's side: why it stops its attempt itself. Never raises, never blocks."""

@@ -42,6 +42,7 @@ from atlantis.protocol.messages import (
     encode,
 )
 from atlantis.supervisor.output import Label, OutputLog
+from atlantis.supervisor.policy import keeper_margin
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -92,6 +93,8 @@ class Child:
     output: OutputLog
     lease_cell: LeaseCell
     """The lease's end for the child; its last words for us (:mod:`atlantis.protocol.leasecell`)."""
+    cell_fd: int = -1
+    """The cell's descriptor, kept to hand the cell to a lease keeper started again."""
     pid: int = 0
     """0 until a zygote has forked it."""
     returncode: int | None = None
@@ -118,10 +121,11 @@ class Child:
 
     # ---- control pipe (supervisor -> child) ---------------------------------------------
 
-    def set_lease(self, lease_end: float) -> None:
-        """Tell the child its attempt's lease now ends at ``lease_end`` (monotonic), through
-        the shared cell: no frame, no wake-up."""
-        self.lease_cell.set(lease_end)
+    def set_lease(self, lease_end: float, heartbeat: float) -> None:
+        """Tell the child its attempt's lease now ends at ``lease_end`` (monotonic), and the
+        lease keeper when to kill the attempt if no renewal comes, through the shared cell:
+        no frame, no wake-up."""
+        self.lease_cell.set(lease_end, lease_end - keeper_margin(heartbeat))
 
     def last_words(self) -> str:
         """Why the child stopped itself, if it did (it writes that in its lease cell before
@@ -261,6 +265,9 @@ class Child:
             os.close(fd)
         self.close_control()
         self.lease_cell.close()
+        if self.cell_fd >= 0:
+            os.close(self.cell_fd)
+            self.cell_fd = -1
 
     def watch(self) -> None:
         for fd in (self.events_fd, self.out_fd, self.err_fd):

@@ -115,7 +115,7 @@ class Leases(Service):
                 a.lease_end = sent + a.heartbeat
                 a.renewed_at = sent
                 if a.child is not None:
-                    a.child.set_lease(a.lease_end)
+                    a.child.set_lease(a.lease_end, a.heartbeat)
                 if renewed[a.job_id]:
                     self.ledger.cancel(a.job_id)
             else:

@@ -234,14 +234,47 @@ def describe_exit(returncode: int, hint: bool = True) -> str:
 
 # ---- leases and timeouts ------------------------------------------------------------------
 
-def lease_margin(heartbeat: float) -> float:
-    """How long before its lease's end an attempt that was not renewed is stopped.
-
-    Renewals are due every heartbeat/3, so a healthy attempt is never near its end; the
-    margin leaves time for the kill to land before another worker may claim the row. The
-    child's own watchdog acts at half this margin: a live supervisor acts first.
-    """
+def dead_before_end(heartbeat: float) -> float:
+    """How long before its lease's end every process of an attempt that was not renewed is
+    dead: a quarter of the heartbeat, at most 30 s (500 ms at ``heartbeat 2s``). The lease's
+    end is counted from the monotonic time taken before the claiming or renewing statement
+    went out, so it is never later than the row's ``claimed_until`` (PostgreSQL's ``now()``
+    at that statement's start, plus the heartbeat): no other worker can claim the row
+    before that time has passed."""
     return min(heartbeat * 0.25, 30.0)
+
+
+def kill_slack(heartbeat: float) -> float:
+    """Time between the three that stop an attempt whose lease is running out, and left for
+    the last kill to land (a wake-up late on a loaded machine, a tree to stop and kill):
+    15% of the heartbeat, at most 1.5 s."""
+    return min(heartbeat * 0.15, 1.5)
+
+
+def lease_margin(heartbeat: float) -> float:
+    """How long before its lease's end the supervisor stops an attempt it could not renew:
+    :func:`dead_before_end` plus :func:`kill_slack`.
+
+    Renewals are due every heartbeat/3, so a healthy attempt is never near this point. A
+    live supervisor acts first and records why; the child's own watchdog
+    (:func:`child_margin`) and the lease keeper (:func:`keeper_margin`, a process that
+    acts whatever the child and the supervisor can do: a C call holding the GIL, a stopped
+    or killed supervisor) follow, all before :func:`dead_before_end`.
+    """
+    return dead_before_end(heartbeat) + kill_slack(heartbeat)
+
+
+def keeper_margin(heartbeat: float) -> float:
+    """How long before its lease's end the lease keeper (:mod:`atlantis.keeper`) kills an
+    attempt that heard no renewal: half a slack after the supervisor would have."""
+    return dead_before_end(heartbeat) + kill_slack(heartbeat) / 2
+
+
+def child_margin(heartbeat: float) -> float:
+    """How long before its lease's end the child's own watchdog stops an attempt it heard
+    no renewal for (the ``Run``'s ``lease_margin``): after the keeper, so that the one
+    that works whatever the handler does is the one tested."""
+    return dead_before_end(heartbeat) + kill_slack(heartbeat) / 4
 
 
 def lease_lost(now: float, lease_end: float, heartbeat: float) -> bool:

@@ -24,6 +24,7 @@ from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.children import Child
 from atlantis.supervisor.drain import drain
 from atlantis.supervisor.jobset import JobSet
+from atlantis.supervisor.keeper import LeaseKeeper
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Service
@@ -49,14 +50,18 @@ class Pool(Service):
         self.old_zygotes: list[Zygote] = []
         self.fork_unsafe: str | None = None
         self.jobset = JobSet(jobs)
+        self.keeper = LeaseKeeper(rt.loop, self.env, lambda: [
+            (c.pid, c.cell_fd) for c in self.children if c.pid and c.cell_fd >= 0])
 
     async def start(self) -> None:
+        self.keeper.start()
         self.ensure()
 
     async def stop(self) -> None:
         """Drain the attempts in flight (:func:`drain.drain`), then retire every child."""
         await drain(self.rt)
         await self._shutdown()
+        self.keeper.close()
 
     # ---- children -------------------------------------------------------------------------
 
@@ -98,7 +103,7 @@ class Pool(Service):
             try:
                 child = spawn_child(rt.settings.app, self.env, self.generation, rt.loop, self,
                                     rt.settings.output_lines_per_second, forker,
-                                    rt.settings.child_scheduling)
+                                    rt.settings.child_scheduling, self.keeper)
                 child.output.sink = self.logs.line
             except OSError as exc:  # out of descriptors or processes: try again later
                 self._start_failed(f"could not start a child: {exc}")
@@ -194,13 +199,13 @@ class Pool(Service):
         a.started = self.rt.now()
         a.next_check = a.next_renewal = 0.0  # its timeout counts from now
         row = a.row
-        child.set_lease(a.lease_end)  # before the Run: never an older attempt's end
+        child.set_lease(a.lease_end, row.heartbeat)  # before the Run: never an older attempt's end
         child.send(Run(
             job_id=row.id, job=row.job, queue=row.queue, attempt=row.attempt,
             max_attempts=row.max_attempts, args=row.args, deadline=row.deadline.isoformat(),
-            # The child's own stop comes after the supervisor's (half the margin), so that a
-            # supervisor that is alive acts first and records why; both precede the lease end.
-            lease_end=a.lease_end, lease_margin=policy.lease_margin(row.heartbeat) / 2,
+            # The child's own stop comes after the supervisor's and the keeper's, so that a
+            # supervisor that is alive acts first and records why; all precede the lease end.
+            lease_end=a.lease_end, lease_margin=policy.child_margin(row.heartbeat),
             database_url=self.rt.settings.child_database_url, workflow=row.workflow,
             trace=self.ledger.tracing.traceparent(a),
         ))  # a child that died meanwhile is handled by its exit

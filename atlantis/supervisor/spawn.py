@@ -15,6 +15,7 @@ import sys
 from atlantis import environ
 from atlantis.protocol.leasecell import LeaseCell
 from atlantis.supervisor.children import Child, Forker, Owner
+from atlantis.supervisor.keeper import LeaseKeeper
 from atlantis.supervisor.output import OutputLog
 
 
@@ -58,21 +59,27 @@ def set_scheduling(pid: int, policy: str) -> None:
 
 def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.AbstractEventLoop,
                 owner: Owner, output_rate: float, forker: Forker | None = None,
-                scheduling: str = "normal") -> Child:
-    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a zygote's fork.
+                scheduling: str = "normal", keeper: LeaseKeeper | None = None) -> Child:
+    """Start a child: a fresh interpreter (``python -m atlantis.child``) or a zygote's fork,
+    handed to the lease ``keeper`` as soon as its pid is known.
 
     Never a fork of this process, which has threads and database connections.
     """
     made: list[int] = []
+    cell: LeaseCell | None = None
     try:  # out of descriptors half way: close what was made (the caller tries again later)
         for _ in range(4):
             made.extend(os.pipe())
         cell, cell_fd = LeaseCell.create()
+        made.append(cell_fd)
+        kept = os.dup(cell_fd)  # for the keeper (close-on-exec, as os.dup makes it)
     except BaseException:
         for fd in made:
             os.close(fd)
+        if cell is not None:
+            cell.close()
         raise
-    ctl_r, ctl_w, ev_r, ev_w, out_r, out_w, err_r, err_w = made
+    ctl_r, ctl_w, ev_r, ev_w, out_r, out_w, err_r, err_w = made[:8]
     ours = (ctl_w, ev_r, out_r, err_r)
     theirs = (ctl_r, ev_w, out_w, err_w, cell_fd)
     for fd in ours:
@@ -80,11 +87,13 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
     os.set_blocking(ctl_w, False)
     child = Child(loop=loop, owner=owner, generation=generation, control_fd=ctl_w,
                   events_fd=ev_r, out_fd=out_r, err_fd=err_r, output=OutputLog(0, output_rate),
-                  lease_cell=cell)
+                  lease_cell=cell, cell_fd=kept)
     try:
         if forker is not None:
             def forked(pid: int) -> None:
                 child.pid = child.output.pid = pid
+                if keeper is not None and child.cell_fd >= 0:
+                    keeper.watch(pid, child.cell_fd)
 
             forker.fork((ctl_r, ev_w, out_w, err_w, cell_fd), forked, child.exited)
         else:
@@ -97,6 +106,8 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
                 start_new_session=True, env=env,
             )
             child.pid = child.output.pid = proc.pid
+            if keeper is not None:
+                keeper.watch(proc.pid, kept)
             set_scheduling(proc.pid, scheduling)
             pidfd = os.pidfd_open(proc.pid)
 
@@ -107,7 +118,7 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
 
             loop.add_reader(pidfd, reaped)
     except BaseException:
-        for fd in ours:
+        for fd in (*ours, kept):
             os.close(fd)
         cell.close()
         raise

@@ -30,13 +30,13 @@ CREATE TABLE IF NOT EXISTS test_events (
 """
 
 
-def record(ctx: atlantis.JobContext, key: str, event: str) -> None:
+def record(ctx: atlantis.JobContext, key: str, event: str, pid: int | None = None) -> None:
     """Write an event on the handler's own connection (never one the supervisor holds)."""
     assert ctx.database_url is not None
     with psycopg.connect(ctx.database_url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO test_events (job_id, attempt, key, event, pid) VALUES (%s, %s, %s, %s, %s)",
-            (ctx.job_id, ctx.attempt, key, event, os.getpid()),
+            (ctx.job_id, ctx.attempt, key, event, pid or os.getpid()),
         )
 
 
@@ -122,3 +122,35 @@ def slow(ctx: atlantis.JobContext, args: Any) -> None:
 @registry.handler("tests.Typed")
 def typed(ctx: atlantis.JobContext, args: Any) -> None:
     pass
+
+
+#: A double-forked ``setsid`` grandchild that writes its pid to descriptor argv[1], then sits
+#: in the same C call as its handler.
+_CRUNCHING_GRANDCHILD = """
+import decimal, os, sys
+os.setsid()
+if os.fork():
+    os._exit(0)
+fd = int(sys.argv[1])
+os.write(fd, str(os.getpid()).encode())
+os.close(fd)
+decimal.Context(prec=int(sys.argv[2])).ln(decimal.Decimal(3))
+"""
+
+
+@registry.handler("tests.Crunch")
+def crunch(ctx: atlantis.JobContext, args: Any) -> None:
+    """One long C call holding the GIL (``decimal``), recorded before and after."""
+    import decimal
+
+    digits = args.digits if ctx.attempt == 1 else args.retry_digits
+    if args.grandchild:
+        r, w = os.pipe()
+        subprocess.run([sys.executable, "-c", _CRUNCHING_GRANDCHILD, str(w), str(digits)],
+                       pass_fds=(w,), check=True)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            record(ctx, args.key, "grandchild", int(f.read()))
+    record(ctx, args.key, "before")
+    decimal.Context(prec=digits).ln(decimal.Decimal(3))
+    record(ctx, args.key, "after")

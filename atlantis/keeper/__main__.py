@@ -1,0 +1,3 @@
+from atlantis.keeper.main import main
+
+raise SystemExit(main())
