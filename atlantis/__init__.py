@@ -22,6 +22,7 @@ from atlantis.registry import Registry
 from atlantis.workflows import (
     cancel_workflow,
     cancel_workflow_async,
+    dismiss_workflow,
     retry_workflow,
     start_workflow,
     start_workflow_async,
@@ -47,6 +48,7 @@ __all__ = [
     "cancel_workflow",
     "cancel_workflow_async",
     "checkpoint",
+    "dismiss_workflow",
     "enqueue",
     "enqueue_async",
     "enqueue_many",

@@ -1,10 +1,11 @@
-"""Start, cancel and retry workflows on the caller's connection.
+"""Start, cancel, retry and dismiss workflows on the caller's connection.
 
 A workflow (a ``workflow`` block of a ``.atl`` file) is a graph of steps, each an ordinary
 job, with compensations that undo the steps that ran when a later one fails for good, the
 workflow times out, or it is cancelled. Everything a workflow does after its start happens
 in the database (migration 0017: ``atlantis.start_workflow``, the trigger that advances it
-when a step's row changes, ``atlantis.cancel_workflow``, ``atlantis.retry_workflow``), so
+when a step's row changes, ``atlantis.cancel_workflow``, ``atlantis.retry_workflow``;
+migration 0022: ``atlantis.dismiss_workflow``), so
 SQL callers, ``tide workflow`` and the console get the same rules as these functions.
 
 Like :func:`atlantis.enqueue`, nothing here commits: a start rolled back with the caller's
@@ -52,9 +53,10 @@ def start_workflow(conn: psycopg.Connection[Any], name: str,
     The args are checked as :func:`atlantis.enqueue` checks a job's, and so are the args
     each step and compensation takes from them (:class:`~atlantis.ValidationError` naming
     the field; :class:`~atlantis.UnknownJobError` for a workflow the database does not
-    know). A workflow declared ``unique (...)`` returns the id of the running or
-    compensating one that holds the key. The steps without ``after`` become runnable when
-    the caller commits.
+    know). A workflow declared ``unique (...)`` returns the id of the one that holds the
+    key, whatever its state: a workflow holds its key while it runs, while it compensates,
+    and while it is ``compensation_failed`` until :func:`dismiss_workflow`. The steps
+    without ``after`` become runnable when the caller commits.
     """
     found: int = _one(conn, Q.workflow_start, _start_params(name, args))
     return found
@@ -94,7 +96,24 @@ def retry_workflow(conn: psycopg.Connection[Any], workflow_id: int, *,
     """Rerun the dead compensations of a ``compensation_failed`` workflow, each with a fresh
     attempt budget, and carry on with the ones after them; returns the state afterwards
     (``compensating``). Any other state is refused with
-    :class:`~atlantis.WorkflowStateError`.
+    :class:`~atlantis.WorkflowStateError`. A dismissed workflow takes its unique key back:
+    while another workflow holds it, the retry is refused with
+    :class:`~atlantis.UniqueKeyTakenError` naming that workflow.
     """
     state: str = _one(conn, Q.workflow_retry, {"id": operations.row_id(workflow_id, "workflow_id"), "by": by})
+    return state
+
+
+def dismiss_workflow(conn: psycopg.Connection[Any], workflow_id: int, *,
+                     by: str | None = None) -> str:
+    """Give up the owed undo of a ``compensation_failed`` workflow; returns its state
+    (``compensation_failed``: the state set does not grow).
+
+    The dismissal is recorded (``dismissed_at``, ``dismissed_by``) and frees the workflow's
+    unique key, so that a workflow of the same key may start; dismissing again changes
+    nothing. Any other state is refused with :class:`~atlantis.WorkflowStateError`, an
+    unknown id with :class:`~atlantis.WorkflowNotFoundError`.
+    """
+    state: str = _one(conn, Q.workflow_dismiss,
+                      {"id": operations.row_id(workflow_id, "workflow_id"), "by": by})
     return state

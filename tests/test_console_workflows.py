@@ -4,6 +4,7 @@ supervisor. The workflows are the console test app's (tests/apps/console_app.atl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,8 +14,16 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from tests.test_console_api import BEARER, Client, Console, client, console_server, read_events
-from tests.test_tide_workflow import APP, start, wait_workflow
+from tests.test_console_api import (
+    BEARER,
+    SECRET,
+    Client,
+    Console,
+    client,
+    console_server,
+    read_events,
+)
+from tests.test_tide_workflow import APP, owes_its_undo, start, wait_workflow
 
 __all__ = ["client", "console_server"]  # fixtures used here
 
@@ -91,6 +100,54 @@ def test_cancel_and_retry_need_the_token_and_are_audited(db: psycopg.Connection[
     by = db.execute("SELECT cancelled_by FROM atlantis.workflows WHERE id = %s",
                     (workflow_id,)).fetchone()
     assert by == ("console:ops-team",)
+
+
+def test_dismiss_needs_the_token_and_csrf_is_audited_and_frees_the_key(
+        db: psycopg.Connection[Any], db_url: str, client: Client) -> None:
+    first = owes_its_undo(db, db_url, "acme")
+    read_only = client()
+    assert read_only.post(f"/api/workflows/{first}/dismiss").status_code == 403
+    c = client(token=True, private=True)
+    assert c.post(f"/api/workflows/{first}/dismiss").status_code == 403
+    assert c.post(f"/api/workflows/{first}/dismiss",
+                  headers={"Authorization": "Bearer nope"}).status_code == 401
+    running = start(db_url, "console.Doomed", account_id="beta", message="boom")
+    r = c.post(f"/api/workflows/{running}/dismiss", headers=BEARER)
+    assert r.status_code == 409
+    assert r.json() == {"error": f"workflow {running} is running: only a compensation_failed "
+                                 "workflow can be dismissed"}
+    # The page: behind the login cookie and the session's CSRF token.
+    assert c.post("/login", data={"token": SECRET, "next": "/workflows"},
+                  follow_redirects=False).status_code == 303
+    page = c.get(f"/workflows/{first}").text
+    assert f'action="/workflows/{first}/dismiss"' in page
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page)
+    assert csrf is not None
+    assert c.post(f"/workflows/{first}/dismiss", data={}).status_code == 403
+    assert c.get(f"/api/workflows/{first}").json()["dismissed_at"] is None
+    r = c.post(f"/workflows/{first}/dismiss", data={"csrf": csrf.group(1)},
+               follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/workflows/{first}"
+    doc = c.get(f"/api/workflows/{first}").json()
+    assert doc["state"] == "compensation_failed" and doc["dismissed_at"] is not None
+    assert doc["dismissed_by"] == "console:ops-team"
+    page = c.get(f"/workflows/{first}").text
+    assert "dismissed by console:ops-team" in page
+    assert f'action="/workflows/{first}/dismiss"' not in page
+    # The key is free: a new workflow of it starts; retrying the first names it.
+    second = start(db_url, "console.BadUndo", account_id="acme", message="again")
+    assert second != first
+    retry = c.post(f"/api/workflows/{first}/retry", headers=BEARER)
+    assert retry.status_code == 409
+    assert retry.json()["error"].startswith(
+        f'workflow {second} (console.BadUndo) holds the unique key ["acme"] now')
+    audit = db.execute("SELECT action, target, outcome FROM atlantis.console_audit"
+                       " ORDER BY id").fetchall()
+    assert [(a, t) for a, t, _ in audit] == [
+        ("workflow-dismiss", str(running)), ("workflow-dismiss", str(first)),
+        ("workflow-retry", str(first))]
+    assert [o.split(":")[0] for _, _, o in audit] == [
+        "refused", "compensation_failed", "refused"]
 
 
 def test_the_stream_follows_the_steps(db: psycopg.Connection[Any], db_url: str,

@@ -145,6 +145,38 @@ def test_the_supervisor_stores_drops_or_kills_by_where_the_step_is() -> None:
     assert cancelled.state == "cancelled" and cancelled.result is None
 
 
+def test_non_finite_names_where_nan_and_the_infinities_were_written_as_null() -> None:
+    value = {"ratio": float("nan"), "max": float("inf"), "ok": None,
+             "rows": [1.5, {"low": float("-inf")}]}
+    text, why = results.encode(value)
+    assert why is None and text == (
+        '{"ratio":null,"max":null,"ok":null,"rows":[1.5,{"low":null}]}')
+    assert results.non_finite(value, text) == (
+        "nan at ['ratio'], inf at ['max'], -inf at ['rows'][1]['low']")
+    assert results.non_finite({"ok": None}, '{"ok":null}') is None
+    assert results.non_finite(float("nan"), "null") == "nan at the top"
+    many = [float("nan")] * 7
+    assert results.non_finite(many, results.encode(many)[0]) == (
+        "nan at [0], nan at [1], nan at [2], nan at [3], nan at [4] and 2 more")
+
+
+def test_a_non_finite_result_is_stored_with_nulls_outside_a_workflow_and_kills_a_step() -> None:
+    limits_ = policy.Limits(max_snooze=1.0, max_backoff=1.0)
+    plain = policy.AttemptFacts(1, 3, 1.0, 60.0)
+    step = policy.AttemptFacts(1, 3, 1.0, 60.0, workflow=True)
+    where = "nan at ['ratio'], inf at ['max']"
+    done = Done(job_id=1, outcome="complete", result='{"ratio":null,"max":null}', nulled=where)
+    stored = policy.decide(plain, limits_, done)
+    assert (stored.state, stored.result, stored.nulled, stored.error) == (
+        "complete", '{"ratio":null,"max":null}', where, None)
+    dead = policy.decide(step, limits_, done)
+    assert (dead.state, dead.spent, dead.label, dead.result) == ("dead", True, "discard", None)
+    assert dead.error is not None and dead.error["kind"] == "result"
+    assert dead.error["message"] == (
+        "the result the child sent cannot be stored: it holds NaN or an infinity, which JSON "
+        f"cannot carry ({where}); the step is not retried (its effect already happened)")
+
+
 # ---- the step's context --------------------------------------------------------------------
 
 def _ctx(**fields: Any) -> JobContext:
@@ -341,6 +373,19 @@ def test_outside_a_workflow_a_bad_result_completes_null_with_a_warning_in_the_lo
         assert ["stderr", WARNING + why] in lines, lines
 
 
+def test_outside_a_workflow_nan_and_infinity_are_stored_as_null_with_a_warning(
+        app_db: psycopg.Connection[Any], supervise: Any) -> None:
+    sup = _start(supervise)
+    job_id = _enqueue(app_db, "nonfinite")
+    row = wait_state(app_db, job_id, "complete")
+    assert row["result"] == {"ratio": None, "max": None} and row["error_count"] == 0
+    warning = (f"job={job_id} attempt=1: results.Return: the result held NaN or an infinity, "
+               "which JSON cannot carry; stored with null in their place "
+               "(nan at ['ratio'], inf at ['max'])")
+    wait_for(lambda: warning in sup.log(), message="the warning in the supervisor's log")
+    assert " WARNING " in next(line for line in sup.log().splitlines() if warning in line)
+
+
 def test_a_long_result_is_cut_in_the_human_view_and_whole_in_json(
         app_db: psycopg.Connection[Any], db_url: str) -> None:
     job_id = _enqueue(app_db, "dict")
@@ -462,6 +507,10 @@ def test_a_step_whose_result_cannot_be_stored_ends_dead_unretried(
     cases = {_start_flow(app_db, "results.One", mode): why for mode, why in (
         ("huge", "the step's return value cannot be stored as its result: " + TOO_LARGE),
         ("object", "the step's return value cannot be stored as its result: " + NOT_JSON),
+        ("nonfinite", "the result the child sent cannot be stored: it holds NaN or an "
+                      "infinity, which JSON cannot carry (nan at ['ratio'], inf at ['max'])"),
+        # Last: its child exits as soon as it sent its frame, and a row handed to it in that
+        # moment would see the child exit.
         ("forge-invalid", "the result the child sent cannot be stored: it is not valid JSON ("),
     )}
     for wid, why in cases.items():

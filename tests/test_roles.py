@@ -100,7 +100,7 @@ def test_the_roles_exist_cannot_log_in_and_public_has_nothing(db: psycopg.Connec
     assert set(definers) == {"enqueue", "enqueue_many", "cancel", "retry", "pause", "resume", "set_queue_limit",
                              "prune", "schedule_fire", "schedule_catch_up", "delete_finished",
                              "start_workflow", "cancel_workflow", "retry_workflow",
-                             "workflow_advance", "workflow_sweep", "prune_workflows"}
+                             "dismiss_workflow", "workflow_advance", "workflow_sweep", "prune_workflows"}
     assert all(c == ["search_path=pg_catalog, atlantis, pg_temp"] for c in definers.values())
 
 

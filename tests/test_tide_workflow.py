@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import psycopg
 
+from atlantis.cli.common import operator_name
 from atlantis.store.workflows import (
     WorkflowStep,
     dependency_order,
@@ -26,6 +27,7 @@ from atlantis.store.workflows import (
 from tests.conftest import wait_for
 from tests.test_roles import login
 from tests.test_tide import tide
+from tests.test_workflow_store import rows, run
 
 __all__ = ["login"]  # a fixture used here
 
@@ -101,7 +103,7 @@ def test_start_then_status_in_dependency_order_and_list(db: psycopg.Connection[A
 
 def test_unknown_ids_and_bad_input_are_one_line_and_exit_1(db: psycopg.Connection[Any],
                                                           db_url: str) -> None:
-    for verb in ("status", "cancel", "retry"):
+    for verb in ("status", "cancel", "retry", "dismiss"):
         out = tide(db_url, "workflow", verb, "999999", check=False)
         assert (out.returncode, said(out), out.stdout) == (
             1, "tide: no workflow with id 999999", "")
@@ -230,6 +232,47 @@ def test_a_reader_reads_workflows_and_an_operator_cancels_them(
     operator = login("atlantis_operator")
     tide(operator, "workflow", "cancel", str(workflow_id))
     assert status(db_url, workflow_id)["state"] == "cancelled"
+
+
+def owes_its_undo(db: psycopg.Connection[Any], db_url: str, account_id: str) -> int:
+    """A console.BadUndo (declared ``unique (account_id)`` here) whose welcome step and whose
+    undo of create died, driven by SQL as supervisors would: compensation_failed."""
+    db.execute("UPDATE atlantis.workflow_types SET unique_fields = '{account_id}'"
+               " WHERE workflow = 'console.BadUndo'")
+    workflow_id = start(db_url, "console.BadUndo", account_id=account_id, message="boom")
+    run(db, rows(db, workflow_id)["create", False]["id"])
+    run(db, rows(db, workflow_id)["welcome", False]["id"], "dead")
+    run(db, rows(db, workflow_id)["create", True]["id"], "dead")
+    assert status(db_url, workflow_id)["state"] == "compensation_failed"
+    return workflow_id
+
+
+def test_a_workflow_owing_its_undo_keeps_its_key_until_tide_workflow_dismiss(
+        db: psycopg.Connection[Any], db_url: str) -> None:
+    first = owes_its_undo(db, db_url, "acme")
+    assert start(db_url, "console.BadUndo", account_id="acme", message="again") == first
+    doc = status(db_url, first)
+    assert (doc["dismissed_at"], doc["dismissed_by"]) == (None, None)
+    out = tide(db_url, "workflow", "dismiss", str(first))
+    assert out.stdout == (f"workflow {first} dismissed: its undo is given up and its unique "
+                          "key is free\n")
+    doc = status(db_url, first)
+    assert doc["state"] == "compensation_failed" and doc["dismissed_at"] is not None
+    assert doc["dismissed_by"] == operator_name()
+    assert "dismissed" in tide(db_url, "workflow", "status", str(first)).stdout
+    again = tide(db_url, "workflow", "dismiss", str(first))
+    assert again.stdout.startswith(f"workflow {first} was dismissed already, by ")
+
+    second = start(db_url, "console.BadUndo", account_id="acme", message="again")
+    assert second != first
+    retry = tide(db_url, "workflow", "retry", str(first), check=False)
+    assert (retry.returncode, said(retry), retry.stdout) == (
+        1, f'tide: workflow {second} (console.BadUndo) holds the unique key ["acme"] now; '
+           f"retry workflow {first} once workflow {second} has finished or been dismissed", "")
+    refused = tide(db_url, "workflow", "dismiss", str(second), check=False)
+    assert (refused.returncode, said(refused)) == (
+        1, f"tide: workflow {second} is running: only a compensation_failed workflow can be "
+           "dismissed")
 
 
 def _step(name: str, position: int, *after: str) -> WorkflowStep:

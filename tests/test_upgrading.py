@@ -61,6 +61,9 @@ ALLOWED = [
     ("0017_workflows.sql", "ADD CONSTRAINT jobs_compensation_check",
      "on columns the same migration adds: a writer of 0.2.0 never sets compensation, whose "
      "default (false) satisfies it"),
+    ("0022_workflow_keys.sql", "ADD CONSTRAINT workflow_instances_dismissed_check",
+     "on columns the same migration adds: no earlier release sets dismissed_at, and null "
+     "satisfies it"),
     ("0019_trace.sql", "DROP FUNCTION atlantis.enqueue(",
      "replaced at once by the same function with one more argument, defaulted: every call of "
      "0.2.0 (Python's named query, SQL callers, the schedules) resolves to it unchanged"),

@@ -441,3 +441,154 @@ def test_a_steps_job_unique_key_does_not_apply_inside_a_workflow(
     assert one != two
     assert rows(db, one)["create", False]["unique_key"] is None
     assert rows(db, two)["create", False]["state"] == "available"
+
+
+# ---- unique keys and dismissal (issue 31, migration 0022) ----------------------------------
+
+def owes_its_undo(db: psycopg.Connection[Any], account: str = "a1") -> int:
+    """A workflow of CHAIN whose import died and whose undo died too: compensation_failed."""
+    wid = start(db, account=account)
+    run(db, rows(db, wid)["create", False]["id"])
+    run(db, rows(db, wid)["import", False]["id"], "dead")
+    assert state(db, wid) == "compensating"
+    assert start(db, account=account) == wid  # held while it compensates
+    run(db, rows(db, wid)["import", True]["id"], "dead")
+    assert state(db, wid) == "compensation_failed"
+    return wid
+
+
+def dismissal(db: psycopg.Connection[Any], wid: int) -> tuple[Any, ...]:
+    row = db.execute("SELECT state, dismissed_by, dismissed_at IS NOT NULL"
+                     " FROM atlantis.workflows WHERE id = %s", (wid,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_a_workflow_that_owes_its_undo_keeps_its_key_until_dismissed(
+        db: psycopg.Connection[Any]) -> None:
+    declare(db, CHAIN, unique=["account_id"])
+    first = owes_its_undo(db)
+    # Its undo is owed: starting the same key again returns it, whatever its state.
+    assert start(db) == first
+    other = start(db, account="a2")
+    with pytest.raises(psycopg.Error) as refused:
+        db.execute("SELECT atlantis.dismiss_workflow(%s)", (other,))
+    assert refused.value.sqlstate == "ATL05"
+    assert refused.value.diag.message_primary == (
+        f"workflow {other} is running: only a compensation_failed workflow can be dismissed")
+    assert db.execute("SELECT atlantis.dismiss_workflow(%s, 'erin')", (first,)).fetchone() == (
+        "compensation_failed",)
+    assert dismissal(db, first) == ("compensation_failed", "erin", True)
+    # Dismissed: the key is free, and a new workflow of it starts.
+    second = start(db)
+    assert second != first and start(db) == second
+    # Retrying the dismissed one while the other holds the key: one line naming the holder.
+    with pytest.raises(psycopg.Error) as taken:
+        db.execute("SELECT atlantis.retry_workflow(%s)", (first,))
+    assert taken.value.sqlstate == "ATL03"
+    assert taken.value.diag.message_primary == (
+        f'workflow {second} (wf.Flow) holds the unique key ["a1"] now; retry workflow {first} '
+        f"once workflow {second} has finished or been dismissed")
+    assert dismissal(db, first) == ("compensation_failed", "erin", True)  # nothing changed
+    # Dismissing again changes nothing.
+    assert db.execute("SELECT atlantis.dismiss_workflow(%s, 'frank')", (first,)).fetchone() == (
+        "compensation_failed",)
+    assert dismissal(db, first) == ("compensation_failed", "erin", True)
+    # Once the holder finished, the retry takes the key back and the undo runs.
+    assert db.execute("SELECT atlantis.cancel_workflow(%s)", (second,)).fetchone() == (
+        "cancelled",)
+    assert db.execute("SELECT atlantis.retry_workflow(%s)", (first,)).fetchone() == (
+        "compensating",)
+    assert dismissal(db, first) == ("compensating", None, False)
+    assert start(db) == first
+    run(db, rows(db, first)["import", True]["id"])
+    run(db, rows(db, first)["create", True]["id"])
+    assert state(db, first) == "failed"
+    assert start(db) not in (first, second)  # failed (compensated): the key is free
+
+
+def test_the_python_api_dismisses_and_names_each_refusal(
+        db_url: str, db: psycopg.Connection[Any]) -> None:
+    import atlantis
+
+    declare(db, CHAIN, unique=["account_id"])
+    first = owes_its_undo(db)
+    with psycopg.connect(db_url) as conn:
+        with pytest.raises(atlantis.WorkflowNotFoundError, match="no workflow with id 999"):
+            atlantis.dismiss_workflow(conn, 999)
+        with pytest.raises(atlantis.ValidationError, match="workflow_id"):
+            atlantis.dismiss_workflow(conn, 2**63)
+        assert atlantis.start_workflow(conn, "wf.Flow", {"account_id": "a1"}) == first
+        assert atlantis.dismiss_workflow(conn, first, by="grace") == "compensation_failed"
+        second = atlantis.start_workflow(conn, "wf.Flow", {"account_id": "a1"})
+        assert second != first
+        with pytest.raises(atlantis.WorkflowStateError, match="only a compensation_failed"):
+            atlantis.dismiss_workflow(conn, second)
+        with pytest.raises(atlantis.UniqueKeyTakenError,
+                           match=f"^workflow {second} \\(wf.Flow\\) holds the unique key"):
+            atlantis.retry_workflow(conn, first)
+        conn.commit()  # the refusals left the transaction usable
+    assert dismissal(db, first) == ("compensation_failed", "grace", True)
+
+
+def test_migration_0022_keeps_each_key_with_one_workflow_and_dismisses_the_others(
+        admin_url: str) -> None:
+    """A database of the previous schema holding what its index let through (a workflow
+    compensation_failed and a later one of the same key running, or two compensation_failed
+    ones), migrated: the key stays with the one running, else the newest; the others are
+    marked dismissed by the migration, and the new index holds."""
+    import os
+
+    from atlantis.store.migrate import migrate, migrations
+    from tests.conftest import url_for
+
+    name = f"atl_m22_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        with psycopg.connect(url_for(admin_url, name), autocommit=True) as db:
+            db.execute("CREATE SCHEMA atlantis")
+            db.execute("CREATE TABLE atlantis.schema_migrations (version int PRIMARY KEY,"
+                       " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+            for version, file, sql in migrations():
+                if version >= 22:
+                    break
+                db.execute(sql)
+                db.execute("INSERT INTO atlantis.schema_migrations (version, name)"
+                           " VALUES (%s, %s)", (version, file))
+
+            def add(account: str, state: str) -> int:
+                finished = state != "running"
+                row = db.execute(
+                    "INSERT INTO atlantis.workflow_instances (workflow, args, state, unique_key,"
+                    " finished_at, cause) VALUES ('wf.Flow', %s, %s, %s,"
+                    " CASE WHEN %s THEN now() END, CASE WHEN %s THEN 'failed' END)"
+                    " RETURNING id",
+                    (Jsonb({"account_id": account}), state, f'["{account}"]', finished,
+                     finished)).fetchone()
+                assert row is not None
+                return int(row[0])
+
+            owed, running = add("a1", "compensation_failed"), add("a1", "running")
+            older, newer = add("b1", "compensation_failed"), add("b1", "compensation_failed")
+            alone = add("c1", "compensation_failed")
+            compensated = add("d1", "failed")
+
+            assert 22 in migrate(db)
+            assert dismissal(db, owed) == ("compensation_failed", "migration 0022", True)
+            assert dismissal(db, older) == ("compensation_failed", "migration 0022", True)
+            for kept in (running, newer, alone, compensated):
+                assert dismissal(db, kept)[1:] == (None, False)
+            declare(db, CHAIN, unique=["account_id"])
+            assert (start(db, account="a1"), start(db, account="b1"),
+                    start(db, account="c1")) == (running, newer, alone)
+            assert start(db, account="d1") not in (compensated, running, newer, alone)
+            with pytest.raises(psycopg.Error) as taken:
+                db.execute("SELECT atlantis.retry_workflow(%s)", (owed,))
+            assert taken.value.sqlstate == "ATL03"
+            assert str(taken.value.diag.message_primary).startswith(
+                f'workflow {running} (wf.Flow) holds the unique key ["a1"] now')
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

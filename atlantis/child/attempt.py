@@ -16,7 +16,9 @@ one of the error kinds of :data:`atlantis.protocol.messages.ErrorKind`:
   (not JSON, over 64 KiB of it, nested past 64 levels, or holding NUL:
   :mod:`atlantis.protocol.results`); outcome
   ``discard``, as its effect already happened. Outside workflows such a value is stored as
-  null instead, and one warning line goes to the attempt's stderr.
+  null instead, and one warning line goes to the attempt's stderr. A value holding NaN or
+  an infinity is sent as orjson writes it (null in their place) with ``Done.nulled``
+  saying where; the supervisor's policy decides (:mod:`atlantis.protocol.results`).
 
 A handler's return value travels as JSON text in ``Done.result`` (None stays None).
 
@@ -60,7 +62,7 @@ from atlantis.context import AttemptFlags, JobContext, step_fields
 from atlantis.declarations.values import ArgsError, decode_args
 from atlantis.errors import Discard, Snooze
 from atlantis.protocol import results
-from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, Run
+from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, Run, clip
 from atlantis.registry import Registration, Registry
 
 
@@ -205,15 +207,20 @@ async def _await(aw: Any) -> Any:
 
 
 def _completed(run: Run, value: object) -> Done:
-    """The ``Done`` of a handler that returned ``value``: its result, if it can be stored."""
+    """The ``Done`` of a handler that returned ``value``: its result, if it can be stored,
+    and where it held NaN or an infinity (``nulled``: the supervisor decides what becomes of
+    such a result)."""
+    nulled = None
     try:
         text, why = results.encode(value)
+        nulled = results.non_finite(value, text)
     except Terminated:
         raise
     except BaseException as exc:  # orjson may read a hostile object's attributes
         text, why = None, f"it could not be serialized ({describe(exc)})"
     if why is None:
-        return Done(job_id=run.job_id, outcome="complete", result=text)
+        return Done(job_id=run.job_id, outcome="complete", result=text,
+                    nulled=None if nulled is None else clip(nulled, 4000))
     if run.workflow is not None:  # not retried: the step's effect already happened
         return Done(job_id=run.job_id, outcome="discard", error=child_error(
             "result", f"the step's return value cannot be stored as its result: {why}; "

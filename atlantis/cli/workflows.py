@@ -1,7 +1,8 @@
 """``tide workflow ...``: start, watch and steer workflows.
 
-Starting, cancelling and retrying go through the SQL functions every path shares
-(``atlantis.start_workflow``, ``cancel_workflow``, ``retry_workflow``); the reads are
+Starting, cancelling, retrying and dismissing go through the SQL functions every path
+shares (``atlantis.start_workflow``, ``cancel_workflow``, ``retry_workflow``,
+``dismiss_workflow``); the reads are
 :mod:`atlantis.store.workflows`'s. Exit codes as for ``tide job``: an unknown id or a
 change the database refuses is one line on stderr and exit 1.
 """
@@ -69,7 +70,8 @@ def workflow_or_fail(conn: psycopg.Connection[Any], workflow_id: int) -> Workflo
 def workflow_start(ctx: click.Context, name: str, args_json: str) -> None:
     """Start a workflow (NAME as declared: ns.Name); prints its id alone on stdout.
 
-    A workflow declared ``unique`` that is already running gives the running one's id."""
+    A workflow declared ``unique`` whose key another one holds (running, compensating, or
+    compensation_failed and not dismissed) gives that one's id."""
     args = args_option(args_json)
     with connection(ctx, autocommit=False) as conn:
         try:
@@ -147,6 +149,26 @@ def workflow_retry(ctx: click.Context, workflow_id: int) -> None:
     click.echo(f"workflow {workflow_id} is {after} again")
 
 
+@workflow.command("dismiss")
+@click.argument("workflow_id", type=JOB_ID)
+@click.pass_context
+def workflow_dismiss(ctx: click.Context, workflow_id: int) -> None:
+    """Give up the owed undo of a compensation_failed workflow: it stays compensation_failed,
+    recorded as dismissed, and frees its unique key."""
+    with connection(ctx) as conn:
+        before = workflow_or_fail(conn, workflow_id).row
+        try:
+            atlantis.dismiss_workflow(conn, workflow_id, by=operator_name())
+        except AtlantisError as exc:
+            fail(str(exc))
+    if before.dismissed_at is not None:
+        click.echo(f"workflow {workflow_id} was dismissed already, by "
+                   f"{safe(before.dismissed_by or '?')}")
+    else:
+        click.echo(f"workflow {workflow_id} dismissed: its undo is given up and its unique key "
+                   "is free")
+
+
 # ---- the views ---------------------------------------------------------------------------
 
 def show_workflow(found: Workflow) -> None:
@@ -170,6 +192,9 @@ def show_workflow(found: Workflow) -> None:
     if w.cancel_requested_at is not None:
         add("cancel", f"requested {relative(w.cancel_requested_at, now)} by "
                       f"{safe(w.cancelled_by or '?')}")
+    if w.dismissed_at is not None:
+        add("dismissed", f"{relative(w.dismissed_at, now)} by {safe(w.dismissed_by or '?')}: "
+                         "the undo is given up, the unique key free")
     add("created", relative(w.created_at, now))
     if w.deadline is not None and w.finished_at is None:
         add("deadline", relative(w.deadline, now))

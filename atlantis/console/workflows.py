@@ -2,9 +2,10 @@
 
 A workflow page follows its steps live: its event stream sends the workflow's document
 whenever one of its rows changed (the broker reads it once for every viewer), and the page
-then reads itself again. Cancel and retry (of a ``compensation_failed`` workflow's dead
-compensations) are writes: behind the token, audited as the job actions are, and made by
-the SQL functions every path shares.
+then reads itself again. Cancel, retry (of a ``compensation_failed`` workflow's dead
+compensations) and dismiss (its owed undo given up, its unique key freed) are writes:
+behind the token, audited as the job actions are, and made by the SQL functions every path
+shares.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ async def stream_api(request: Request) -> Response:
 
 async def act(request: Request, who: Principal, action: str,
               workflow_id: int) -> dict[str, Any]:
-    """Cancel or retry a workflow, recorded in the audit table (``workflow-cancel``,
-    ``workflow-retry``); a refusal is a 409, recorded too."""
+    """Cancel, retry or dismiss a workflow, recorded in the audit table
+    (``workflow-cancel``, ``workflow-retry``, ``workflow-dismiss``); a refusal is a 409,
+    recorded too."""
     by = recorded_by(who)
 
     def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -143,6 +145,8 @@ async def act(request: Request, who: Principal, action: str,
                 if state in WORKFLOW_FINISHED:
                     raise ApiError(409, f"workflow {workflow_id} is {state}: nothing to cancel")
                 after = atlantis.cancel_workflow(conn, workflow_id, by=by)
+            elif action == "dismiss":
+                after = atlantis.dismiss_workflow(conn, workflow_id, by=by)
             else:
                 after = atlantis.retry_workflow(conn, workflow_id, by=by)
         except WorkflowNotFoundError as exc:  # pruned meanwhile
@@ -173,6 +177,12 @@ async def cancel_api(request: Request) -> Response:
 async def retry_api(request: Request) -> Response:
     who = require_write(request)
     return json(await act(request, who, "retry", path_workflow_id(request)))
+
+
+@handle
+async def dismiss_api(request: Request) -> Response:
+    who = require_write(request)
+    return json(await act(request, who, "dismiss", path_workflow_id(request)))
 
 
 # -- the pages ---------------------------------------------------------------------------
@@ -208,7 +218,7 @@ async def action_page(request: Request, who: Principal) -> Response:
     csrf = form.get(CSRF_FIELD)
     writer = require_write(request, csrf if isinstance(csrf, str) else "")
     action = request.path_params["action"]
-    if action not in ("cancel", "retry"):
+    if action not in ("cancel", "retry", "dismiss"):
         raise ApiError(404, "no such action")
     workflow_id = path_workflow_id(request)
     await act(request, writer, action, workflow_id)
@@ -221,6 +231,7 @@ api_routes = [
     Route("/workflows/{workflow_id}/stream", stream_api, methods=["GET"]),
     Route("/workflows/{workflow_id}/cancel", cancel_api, methods=["POST"]),
     Route("/workflows/{workflow_id}/retry", retry_api, methods=["POST"]),
+    Route("/workflows/{workflow_id}/dismiss", dismiss_api, methods=["POST"]),
 ]
 
 page_routes = [

@@ -22,7 +22,8 @@ child -> supervisor (events pipe)
   Checkpoint progress; ``pct`` None stands for NaN
   Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
              ``retire`` says why the child will run no other attempt; ``result`` the
-             handler's return value as JSON text; ``spans`` the handler's spans (JSON text)
+             handler's return value as JSON text; ``spans`` the handler's spans (JSON text);
+             ``nulled`` where that value held NaN or an infinity (written as null)
 child -> supervisor (lease cell, read once the child is gone)
   last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
              written to shared memory, which no closed descriptor or full pipe can stop
@@ -138,6 +139,9 @@ class Done:
     result: str | None = None
     """A ``complete`` handler's return value as JSON text (:mod:`results`); None: none."""
     spans: str | None = None
+    nulled: str | None = None
+    """Where the return value held NaN or an infinity, which ``result`` has as null
+    (:func:`atlantis.protocol.results.non_finite`); None: nowhere."""
     t: Literal["done"] = "done"
 
 

@@ -8,10 +8,18 @@ it, Python's json module included), and holds no NUL character (``\\u0000``, whi
 PostgreSQL's jsonb refuses): so that no result can make the finish statement, or a reader
 of the row, fail. What becomes of one that is not (the step ends ``dead`` with kind
 ``result`` inside a workflow; null and a warning outside) is the caller's to decide.
+
+orjson writes NaN and the infinities, which JSON cannot carry, as null without a word:
+:func:`non_finite` says where a value held them, so that they are never changed silently
+(inside a workflow the step ends ``dead`` with kind ``result``; outside one the result is
+stored with null in their place, and the supervisor logs a warning naming the job:
+:func:`atlantis.supervisor.policy.completed` decides).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 
 import orjson
@@ -36,6 +44,43 @@ def encode(value: object) -> tuple[str | None, str | None]:
         return None, f"it is not JSON-serializable ({_text(exc)})"
     why = _problem(data)
     return (None, why) if why is not None else (data.decode(), None)
+
+
+#: How many places :func:`non_finite` names at most.
+NAMED_AT_MOST = 5
+
+
+def non_finite(value: object, text: str | None) -> str | None:
+    """Where ``value`` (which :func:`encode` wrote as ``text``) holds NaN or an infinity,
+    each written as null (``"NaN at ['ratio'], inf at ['max']"``), or None when it holds
+    none. Only a value whose text has a null is looked at."""
+    if text is None or "null" not in text:
+        return None
+    found: list[str] = []
+    more = 0
+    stack: list[tuple[object, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                if len(found) < NAMED_AT_MOST:
+                    found.append(f"{item!r} at {where or 'the top'}")
+                else:
+                    more += 1
+            continue
+        if isinstance(item, dict):
+            members = [(v, f"{where}[{k!r}]") for k, v in item.items()]
+        elif isinstance(item, list | tuple):
+            members = [(v, f"{where}[{i}]") for i, v in enumerate(item)]
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            members = [(getattr(item, f.name), f"{where}.{f.name}")
+                       for f in dataclasses.fields(item)]
+        else:
+            continue
+        stack.extend(reversed(members))
+    if not found:
+        return None
+    return ", ".join(found) + (f" and {more} more" if more else "")
 
 
 def check(text: str) -> tuple[str | None, str | None]:

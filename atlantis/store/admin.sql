@@ -50,6 +50,10 @@ SELECT atlantis.cancel_workflow(%(id)s, coalesce(%(by)s::text, current_user::tex
 -- name: workflow_retry
 SELECT atlantis.retry_workflow(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state
 
+-- name: workflow_dismiss
+-- Migration 0022: a compensation_failed workflow's owed undo given up, its unique key freed.
+SELECT atlantis.dismiss_workflow(%(id)s, coalesce(%(by)s::text, current_user::text)) AS state
+
 -- name: job_cancel
 -- Waiting jobs are cancelled at once; a running attempt is flagged and its supervisor told
 -- (ctx.cancelled, then SIGTERM after the cancel grace); the job ends cancelled.

@@ -1255,11 +1255,27 @@ BEGIN
 END
 $$;
 
+-- The workflow of type `workflow_name` that holds unique key `key`, NULL when none does. A
+-- key is held (the index workflow_instances_unique_idx of migration 0022, which this lookup
+-- follows) while its workflow is `running` or `compensating`, and while it is
+-- `compensation_failed` with its undo still owed: until an operator dismisses it
+-- (atlantis.dismiss_workflow). `failed`, `cancelled` and `complete` hold nothing.
+CREATE OR REPLACE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text)
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT i.id FROM atlantis.workflow_instances i
+     WHERE i.workflow = workflow_key_holder.workflow_name AND i.unique_key = workflow_key_holder.key
+       AND i.unique_key IS NOT NULL AND i.dismissed_at IS NULL
+       AND i.state IN ('running', 'compensating', 'compensation_failed')
+     LIMIT 1
+$$;
+
 -- Start a workflow in the caller's transaction; returns its id. The args are checked as an
 -- enqueue checks a job's (ATL02 naming the workflow and the field), and so are the args
 -- each step and compensation will take, now rather than when a step becomes runnable.
--- A workflow declared `unique (...)` returns the id of the running or compensating one
--- holding the key. The steps without `after` get their rows at once.
+-- A workflow declared `unique (...)` returns the id of the one holding the key
+-- (atlantis.workflow_key_holder), whatever its state. The steps without `after` get their
+-- rows at once.
 CREATE OR REPLACE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}',
                                                    trace_context jsonb DEFAULT NULL)
 RETURNS bigint
@@ -1300,18 +1316,16 @@ BEGIN
     END LOOP;
     key := atlantis.unique_key(as_job, checked);
     LOOP
+        -- Version 22: no conflict target: the unique index decides which states hold a key
+        -- (workflow_instances_unique_idx), and the holder is looked up after.
         INSERT INTO atlantis.workflow_instances (workflow, args, unique_key, deadline,
                                                  trace_context)
         VALUES (decl.workflow, checked, key, now() + decl.timeout, start_workflow.trace_context)
-        ON CONFLICT (workflow, unique_key)
-            WHERE unique_key IS NOT NULL AND state IN ('running', 'compensating')
-            DO NOTHING
+        ON CONFLICT DO NOTHING
         RETURNING * INTO w;
         EXIT WHEN FOUND;
-        SELECT i.id INTO existing FROM atlantis.workflow_instances i
-         WHERE i.workflow = decl.workflow AND i.unique_key = key
-           AND i.state IN ('running', 'compensating');
-        IF FOUND THEN
+        existing := atlantis.workflow_key_holder(decl.workflow, key);
+        IF existing IS NOT NULL THEN
             RETURN existing;
         END IF;
     END LOOP;
@@ -1602,7 +1616,9 @@ $$;
 
 -- Rerun the compensations of a `compensation_failed` workflow that ended dead or cancelled
 -- (a fresh attempt budget each, as atlantis.retry gives) and carry on from there; others
--- are refused (ATL05). Returns the state afterwards.
+-- are refused (ATL05). A dismissed one is retried too (its dismissal is cleared): it takes
+-- its unique key back, refused (ATL03, naming the holder) while another workflow holds it.
+-- Returns the state afterwards.
 CREATE OR REPLACE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT current_user)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
@@ -1612,6 +1628,7 @@ DECLARE
     w atlantis.workflow_instances;
     who text := coalesce(retry_workflow.by, current_user);
     r record;
+    holder bigint;  -- version 22
 BEGIN
     SELECT * INTO w FROM atlantis.workflow_instances i WHERE i.id = retry_workflow.workflow_id
        FOR NO KEY UPDATE;
@@ -1623,9 +1640,19 @@ BEGIN
         RAISE EXCEPTION 'workflow % is %: only a compensation_failed workflow can be retried',
             w.id, w.state USING ERRCODE = 'ATL05';
     END IF;
-    UPDATE atlantis.workflow_instances i
-       SET state = 'compensating', finished_at = NULL, retried_by = who, retried_at = now()
-     WHERE i.id = w.id;
+    BEGIN
+        UPDATE atlantis.workflow_instances i
+           SET state = 'compensating', finished_at = NULL, retried_by = who, retried_at = now(),
+               dismissed_at = NULL, dismissed_by = NULL  -- version 22
+         WHERE i.id = w.id;
+    EXCEPTION WHEN unique_violation THEN
+        -- Version 22: dismissed, its key was free, and another workflow took it since.
+        holder := atlantis.workflow_key_holder(w.workflow, w.unique_key);
+        RAISE EXCEPTION 'workflow % (%) holds the unique key % now; retry workflow % once '
+                        'workflow % has finished or been dismissed',
+            coalesce(holder::text, '?'), w.workflow, w.unique_key, w.id,
+            coalesce(holder::text, '?') USING ERRCODE = 'ATL03';
+    END;
     FOR r IN SELECT j.id, j.queue FROM atlantis.jobs j
               WHERE j.workflow_id = w.id AND j.compensation AND j.state IN ('dead', 'cancelled')
               ORDER BY j.id FOR NO KEY UPDATE LOOP
@@ -1640,6 +1667,38 @@ BEGIN
     END LOOP;
     PERFORM pg_notify('atlantis_workflows', w.id::text);
     RETURN atlantis.workflow_settle(w.id);
+END
+$$;
+
+-- Give up the owed undo of a `compensation_failed` workflow: it stays compensation_failed
+-- (the state set does not grow), is recorded as dismissed (`dismissed_at`, `dismissed_by`)
+-- and frees its unique key, so that a workflow of the same key may start. Others are refused
+-- (ATL05); dismissing again changes nothing. `by` as atlantis.cancel's. Returns the state.
+CREATE OR REPLACE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT current_user)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
+AS $$
+DECLARE
+    w atlantis.workflow_instances;
+    who text := coalesce(dismiss_workflow.by, current_user);
+BEGIN
+    SELECT * INTO w FROM atlantis.workflow_instances i WHERE i.id = dismiss_workflow.workflow_id
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no workflow with id %', dismiss_workflow.workflow_id
+            USING ERRCODE = 'ATL04';
+    END IF;
+    IF w.state <> 'compensation_failed' THEN
+        RAISE EXCEPTION 'workflow % is %: only a compensation_failed workflow can be dismissed',
+            w.id, w.state USING ERRCODE = 'ATL05';
+    END IF;
+    IF w.dismissed_at IS NULL THEN
+        UPDATE atlantis.workflow_instances i SET dismissed_at = now(), dismissed_by = who
+         WHERE i.id = w.id;
+        PERFORM pg_notify('atlantis_workflows', w.id::text);
+    END IF;
+    RETURN w.state;
 END
 $$;
 

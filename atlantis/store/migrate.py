@@ -140,7 +140,8 @@ GRANT USAGE, SELECT ON SEQUENCE atlantis.jobs_id_seq, atlantis.attempts_id_seq,
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
 REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
     atlantis.resume(text, text), atlantis.delete_finished(bigint[]),
-    atlantis.retry_workflow(bigint, text), atlantis.set_queue_limit(text, int, text)
+    atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
+    atlantis.set_queue_limit(text, int, text)
     FROM atlantis_worker;""",
     # tide's changes and the console's writes, through functions, plus what reads need.
     "atlantis_operator": """
@@ -151,8 +152,8 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.pause(text, text, text), atlantis.resume(text, text),
     atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[]),
     atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
-    atlantis.retry_workflow(bigint, text), atlantis.prune_workflows(interval, text[], int),
-    atlantis.set_queue_limit(text, int, text)
+    atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
+    atlantis.prune_workflows(interval, text[], int), atlantis.set_queue_limit(text, int, text)
     TO atlantis_operator;
 DO $$
 BEGIN

@@ -40,6 +40,7 @@ class Queries:
     workflow_start: LiteralString
     workflow_cancel: LiteralString
     workflow_retry: LiteralString
+    workflow_dismiss: LiteralString
     queue_stats: LiteralString
     release_orphans: LiteralString
     queue_known: LiteralString

@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0020) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0022) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -138,6 +138,15 @@ CREATE FUNCTION atlantis.clamp_pct(p double precision) RETURNS smallint
 --
 
 CREATE FUNCTION atlantis.delete_finished(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: dismiss_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
@@ -584,7 +593,10 @@ CREATE TABLE atlantis.workflow_instances (
     retried_by text,
     retried_at timestamp with time zone,
     trace_context jsonb,
+    dismissed_at timestamp with time zone,
+    dismissed_by text,
     CONSTRAINT workflow_instances_cause_check CHECK ((cause = ANY (ARRAY['failed'::text, 'cancelled'::text, 'timeout'::text]))),
+    CONSTRAINT workflow_instances_dismissed_check CHECK (((dismissed_at IS NULL) OR ((state = 'compensation_failed'::text) AND (dismissed_by IS NOT NULL)))),
     CONSTRAINT workflow_instances_finished_check CHECK (((state = ANY (ARRAY['complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text])) = (finished_at IS NOT NULL))),
     CONSTRAINT workflow_instances_state_cause_check CHECK ((((state = 'running'::text) = (cause IS NULL)) OR (state = 'complete'::text))),
     CONSTRAINT workflow_instances_state_check CHECK ((state = ANY (ARRAY['running'::text, 'compensating'::text, 'complete'::text, 'failed'::text, 'cancelled'::text, 'compensation_failed'::text]))),
@@ -631,6 +643,14 @@ CREATE FUNCTION atlantis.workflow_advance() RETURNS trigger
 
 CREATE FUNCTION atlantis.workflow_halt(wid bigint) RETURNS integer
     LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: workflow_key_holder(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text) RETURNS bigint
+    LANGUAGE sql STABLE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -966,7 +986,9 @@ CREATE VIEW atlantis.workflows AS
     cancel_requested_at,
     cancelled_by,
     retried_by,
-    retried_at
+    retried_at,
+    dismissed_at,
+    dismissed_by
    FROM atlantis.workflow_instances w;
 
 --
@@ -1196,7 +1218,7 @@ CREATE INDEX workflow_instances_state_idx ON atlantis.workflow_instances USING b
 -- Name: workflow_instances_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances USING btree (workflow, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['running'::text, 'compensating'::text])));
+CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances USING btree (workflow, unique_key) WHERE ((unique_key IS NOT NULL) AND (dismissed_at IS NULL) AND (state = ANY (ARRAY['running'::text, 'compensating'::text, 'compensation_failed'::text])));
 
 --
 -- Name: jobs_state_queue_stats; Type: STATISTICS; Schema: atlantis; Owner: -

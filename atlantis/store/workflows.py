@@ -27,7 +27,8 @@ Conn = psycopg.Connection[Any]
 WORKFLOW_STATES = ("running", "compensating", "complete", "failed", "cancelled",
                    "compensation_failed")
 #: The states a workflow never leaves by itself (``compensation_failed`` waits for an
-#: operator's ``tide workflow retry``).
+#: operator's ``tide workflow retry``, and holds its unique key until ``tide workflow
+#: dismiss``).
 WORKFLOW_FINISHED = ("complete", "failed", "cancelled", "compensation_failed")
 
 #: Counts of workflows by state stop at this many (a count costs at most this many index
@@ -90,6 +91,8 @@ class WorkflowRow:
     deadline: datetime | None
     cancel_requested_at: datetime | None
     cancelled_by: str | None
+    dismissed_at: datetime | None
+    dismissed_by: str | None
     db_now: datetime
 
 

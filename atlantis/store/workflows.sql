@@ -9,7 +9,7 @@
 -- which the steps' ages are measured against.
 SELECT w.id, w.workflow, w.args, w.state, w.created_at, w.finished_at, w.error,
        w.failed_step, w.cause, w.deadline, w.cancel_requested_at, w.cancelled_by,
-       now() AS db_now
+       w.dismissed_at, w.dismissed_by, now() AS db_now
   FROM atlantis.workflows w
  WHERE w.id = %(id)s
 

@@ -49,6 +49,9 @@ class Verdict:
     unstored: str | None = None
     """Why the result the child sent was not stored (outside a workflow: the job completes
     with a null result, and the supervisor logs this)."""
+    nulled: str | None = None
+    """Where the stored result had NaN or an infinity, stored as null (outside a workflow;
+    the supervisor logs this)."""
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -167,7 +170,7 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
     if stopped is not None:
         return stopped
     if done.outcome == "complete":
-        return completed(facts, done.result)
+        return completed(facts, done.result, done.nulled)
     if done.outcome == "snooze":
         return Verdict("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
                        label="snooze")
@@ -180,14 +183,22 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
     return Verdict("available", True, delay=delay, error=error, label="failed")
 
 
-def completed(facts: AttemptFacts, result: str | None) -> Verdict:
+def completed(facts: AttemptFacts, result: str | None, nulled: str | None = None) -> Verdict:
     """A handler that returned: ``complete`` with its result, checked again here (the child
     checked it, but a handler may forge its frame), so that no result can fail the finish
     statement. One that cannot be stored ends a workflow's step ``dead`` (kind ``result``,
-    not retried: its effect already happened); outside workflows it is dropped."""
+    not retried: its effect already happened); outside workflows it is dropped.
+
+    A result that held NaN or an infinity (``nulled``: where; the child's JSON has null in
+    their place) is never changed silently: it ends a workflow's step ``dead`` the same
+    way, since the next step would read null; outside workflows it is stored with the nulls
+    and the supervisor logs a warning naming the job (``Verdict.nulled``)."""
     stored, why = (None, None) if result is None else results.check(result)
+    if why is None and nulled is not None and facts.workflow:
+        why = f"it holds NaN or an infinity, which JSON cannot carry ({nulled})"
     if why is None:
-        return Verdict("complete", True, result=stored)
+        return Verdict("complete", True, result=stored,
+                       nulled=None if stored is None else nulled)
     if facts.workflow:
         error = {"attempt": facts.attempt, "kind": "result",
                  "message": clip(f"the result the child sent cannot be stored: {why}; the step "

@@ -304,6 +304,10 @@ class Pool(Service):
         if verdict.unstored is not None:
             log.warning("%s: the result the child sent was not stored: %s", a.tag(),
                         verdict.unstored, extra=a.log_extra())
+        if verdict.nulled is not None:
+            log.warning("%s: %s: the result held NaN or an infinity, which JSON cannot carry; "
+                        "stored with null in their place (%s)", a.tag(), a.job,
+                        verdict.nulled, extra=a.log_extra())
         self._end(child, a, verdict)
         self.ensure()
         self.feed()

@@ -6,7 +6,8 @@
 - ``none``: None (no result); ``async``: a coroutine whose value is ``["async", key]``;
 - ``object``: an ``object()`` (not JSON); ``huge``: a string of 70,000 characters (over
   64 KiB of JSON); ``nul``: ``{"a": "b\\x00c"}`` (jsonb cannot hold NUL);
-  ``bigint``: ``2**70`` (orjson writes no integer past 64 bits);
+  ``bigint``: ``2**70`` (orjson writes no integer past 64 bits); ``nonfinite``:
+  ``{"ratio": nan, "max": inf}`` (JSON cannot carry either: orjson writes null);
 - ``context``: what the handler sees of its step: ``workflow_id``, ``step``,
   ``idempotency_key``, ``results`` and ``compensating`` (``[step, error]`` or None);
   ``undo``: the same, but the step named ``fail`` raises ``Discard("fails on purpose")``;
@@ -70,6 +71,8 @@ def give_back(ctx: atlantis.JobContext, args: Any) -> Any:
         return {"a": "b\x00c"}
     if mode == "bigint":
         return 2**70
+    if mode == "nonfinite":
+        return {"ratio": float("nan"), "max": float("inf")}
     if mode == "undo" and ctx.step == "fail":
         raise atlantis.Discard("fails on purpose")
     if mode in ("context", "undo"):
