@@ -12,8 +12,12 @@ import atlantis
 registry = atlantis.Registry.from_atl("bench.atl")
 
 limited = atlantis.Registry.from_atl("limited.atl")
-"""``bench.NoopPerAccount`` (``concurrency 1 by account``) alone: a supervisor serving a
-limited job claims nothing ahead, which the plain benchmarks must not pay."""
+"""``bench.NoopPerAccount`` (``concurrency 1 by account``) alone: its rows are all limited,
+which the plain benchmarks must not pay."""
+
+beside = atlantis.Registry.from_atl("bench.atl", "beside.atl")
+"""``registry``'s jobs and a limited one on a queue of its own (``bench.NoopLimitedBeside``):
+``python -m benchmarks.limits --beside``, plain jobs beside a limit that limits none of them."""
 
 
 @registry.handler("bench.Noop")
@@ -26,9 +30,16 @@ def noop_per_account(ctx: atlantis.JobContext, args: Any) -> None:
     return None
 
 
+beside.handler("bench.Noop")(noop)
+beside.handler("bench.NoopLimitedBeside")(noop)
+
+
 @registry.handler("bench.Sleep")
 def sleep(ctx: atlantis.JobContext, args: Any) -> None:
     """Sleep ``args.seconds``, or until the supervisor drains (then return early)."""
     until = time.monotonic() + float(args.seconds)
     while time.monotonic() < until and not ctx.stopping:
         time.sleep(0.2)
+
+
+beside.handler("bench.Sleep")(sleep)

@@ -2,6 +2,7 @@
 drain with no limit, in one run.
 
     python -m benchmarks.limits [--jobs 20000] [--rounds 2] [--concurrency 8] [--accounts 100]
+    python -m benchmarks.limits --beside [--jobs 20000] [--rounds 4] [--concurrency 8]
 
 Each round drains, with ONE supervisor (``--concurrency 8 --isolation reuse``, the target
 table's reuse row, the same for both) on a scratch database of the embedded PostgreSQL
@@ -22,6 +23,15 @@ limited free, ...), as the paired rounds of ``benchmarks.compare --pairs`` do, b
 machine's speed drifts by minutes; the printed ratio is limited jobs/s over free jobs/s,
 per round and their median (issue 21's target: at least 0.5x). Benchmarks, not tests:
 nothing is asserted.
+
+``--beside`` (issue 31: limits cost only the rows they limit) measures what a limit costs
+the jobs it does not limit. Both drains are of N ``bench.Noop`` by one supervisor serving
+the queues ``bench`` and ``bench-limited``; **free** with ``benchmarks.app:registry`` (no
+limit anywhere), **limited** with ``benchmarks.app:beside``, which also declares
+``bench.NoopLimitedBeside`` (``concurrency 1 by account``) on ``bench-limited``, synced,
+with no row of it waiting. The printed ratio is the second over the first (target: at
+least 0.9x; before issue 31, about 0.3x: a supervisor serving any limited job claimed no
+row ahead).
 """
 
 from __future__ import annotations
@@ -37,12 +47,14 @@ import psycopg
 import atlantis
 from atlantis.app import load_app
 from atlantis.store import migrate, sync
-from benchmarks.runs import Env, Fill, header, run_drain
+from benchmarks.runs import Env, Fill, header, insert_atlantis, prepare_atlantis, run_drain
 from benchmarks.systems import Result, System, atlantis_system
 from benchmarks.tables import cpu_total, fmt, fmt_rate, fmt_times, markdown, quotient
 
 LIMITED_APP = "benchmarks.app:limited"
 LIMITED_JOB = "bench.NoopPerAccount"
+BESIDE_APP = "benchmarks.app:beside"
+BESIDE_QUEUE = "bench-limited"
 
 
 def limited_system(free: System) -> System:
@@ -72,8 +84,17 @@ def enqueue_limited(accounts: int) -> Fill:
 
 
 
+def enqueue_beside(url: str, jobs: int) -> float:
+    """As ``enqueue_atlantis``, with the beside app's limited job synced too (no row of it)."""
+    prepare_atlantis(url)
+    with psycopg.connect(url) as conn:
+        sync(conn, list(load_app(BESIDE_APP).decls.values()))
+        conn.commit()
+    return insert_atlantis(url, jobs)
+
+
 def run_round(env: Env, free: System, limited: System, jobs: int, accounts: int,
-              order: tuple[str, ...]) -> tuple[Result, Result]:
+              order: tuple[str, ...], fill: Fill | None = None) -> tuple[Result, Result]:
     got: dict[str, Result] = {}
     for which in order:
         print(f"limits: {which} drain of {jobs:,} jobs ...", file=sys.stderr, flush=True)
@@ -81,7 +102,7 @@ def run_round(env: Env, free: System, limited: System, jobs: int, accounts: int,
             got[which] = run_drain(env, free, jobs, None, env.atl_version, track_rss=False)
         else:
             got[which] = run_drain(env, limited, jobs, None, env.atl_version, track_rss=False,
-                                   fill=enqueue_limited(accounts))
+                                   fill=fill or enqueue_limited(accounts))
         split = got[which].cpu_ms()
         print(f"limits:   {fmt_rate(got[which])}" + (
             f"; CPU ms a job: supervisor {split.worker:.3f}, children {split.children:.3f},"
@@ -118,6 +139,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--accounts", type=int, default=100,
                         help="values of the limit's key, taken in turn")
+    parser.add_argument("--beside", action="store_true",
+                        help="plain jobs beside a limited job with no rows, against no limit")
     parser.add_argument("--poll", type=float, default=0.02)
     parser.add_argument("--timeout", type=float, default=None)
     opts = parser.parse_args()
@@ -126,13 +149,22 @@ def main() -> None:
     env = Env(opts.poll, opts.timeout)
     free = atlantis_system(opts.concurrency)
     limited = limited_system(free)
+    fill: Fill | None = None
+    what = (f"{opts.jobs:,} no-op jobs under `concurrency 1 by account` over "
+            f"{opts.accounts:,} accounts against {opts.jobs:,} with no limit")
+    if opts.beside:
+        served = [*free.worker_args, "--queue", BESIDE_QUEUE]
+        free = dataclasses.replace(free, worker_args=served)
+        limited = dataclasses.replace(free, key=f"{free.key}-beside",
+                                      worker_args=[*served, "--app", BESIDE_APP])
+        fill = enqueue_beside
+        what = (f"{opts.jobs:,} no-op jobs, their app also declaring a limited job on another "
+                f"served queue (no row of it), against the same app without it")
     try:
         rounds = [run_round(env, free, limited, opts.jobs, opts.accounts,
-                            ("free", "limited") if i % 2 == 0 else ("limited", "free"))
+                            ("free", "limited") if i % 2 == 0 else ("limited", "free"), fill)
                   for i in range(opts.rounds)]
-        print("\n" + header(env, f"{opts.jobs:,} no-op jobs under `concurrency 1 by account` "
-                            f"over {opts.accounts:,} accounts against {opts.jobs:,} with no "
-                            f"limit, {free.settings}") + "\n")
+        print("\n" + header(env, f"{what}, {free.settings}") + "\n")
         print(rounds_table(rounds))
         print(f"\nsupervisor logs: {env.logdir}")
     finally:

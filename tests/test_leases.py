@@ -45,7 +45,8 @@ def _finish(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: in
         err = ChildError(kind=error["kind"], message=error["message"]) if error else None
         decided = policy.decide(facts, limits, Done(job_id=job_id, outcome=outcome,  # type: ignore[arg-type]
                                                     error=err, delay=0.5))
-    result = Result(job_id, attempt, decided.state, decided.spent, decided.delay, decided.error, None)
+    result = Result(job_id, attempt, decided.state, decided.spent, decided.delay, decided.error, None,
+                    backoff=decided.backoff)
     return conn.execute(Q.finish, finish_params(worker, [result])).fetchall()
 
 
@@ -61,7 +62,8 @@ def _expire(conn: psycopg.Connection[Any], job_id: int) -> None:
 
 
 def _rescue(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return conn.execute(Q.rescue, {"limit": 100, "worker": "rescuer"}).fetchall()
+    return conn.execute(Q.rescue, {"limit": 100, "worker": "rescuer", "max_backoff": 86400.0}
+                        ).fetchall()
 
 
 def _gone(pid: int) -> bool:
@@ -156,6 +158,83 @@ def test_backoff_spaces_retries_exponentially(db: psycopg.Connection[Any]) -> No
     assert [e["attempt"] for e in row["errors"]] == [1, 2, 3]
 
 
+def _waits(conn: psycopg.Connection[Any], job_id: int) -> float:
+    """How long the row waits after its last error, in seconds (run_at - the error's at)."""
+    found = conn.execute("SELECT extract(epoch FROM run_at - (errors->-1->>'at')::timestamptz)"
+                         "::float8 FROM atlantis.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert found is not None
+    return float(found[0])
+
+
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
+def test_a_second_lease_expiry_in_a_row_waits_for_the_backoff(db: psycopg.Connection[Any]) -> None:
+    """CONTRACT §6: a rescue re-dispatches at once, unless the previous attempt's lease
+    expired too; then (and on every later expiry in a row) the job's backoff applies."""
+    job_id = atlantis.enqueue(db, "tests.Fail", {"key": "x", "mode": "ok"})  # backoff 200ms
+    db.execute("UPDATE atlantis.jobs SET max_attempts = 5, backoff = interval '20 seconds'"
+               " WHERE id = %s", (job_id,))
+    _claim(db, "w1")
+    _expire(db, job_id)
+    assert _rescue(db) == [(job_id, "available", "tests")]
+    assert _waits(db, job_id) == 0.0  # the first expiry: at once
+    for attempt, base in ((2, 40.0), (3, 80.0)):  # 20 s * 2^(attempt-1), +-25%
+        db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+        _claim(db, f"w{attempt}")
+        _expire(db, job_id)
+        assert _rescue(db) == [(job_id, "available", "tests")]
+        row = job_row(db, job_id)
+        assert row["state"] == "available" and row["attempt"] == attempt
+        assert row["finished_at"] is None and row["claimed_until"] is None
+        assert base * 0.75 - 0.001 <= _waits(db, job_id) <= base * 1.25 + 0.001
+    # --max-backoff caps it, as it caps a failed attempt's.
+    db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+    _claim(db, "w4")
+    _expire(db, job_id)
+    db.execute(Q.rescue, {"limit": 10, "worker": "rescuer", "max_backoff": 5.0})
+    assert _waits(db, job_id) == 5.0
+
+
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
+def test_a_lease_expiry_after_another_failure_or_in_a_new_run_goes_back_at_once(
+        db: psycopg.Connection[Any]) -> None:
+    job_id = atlantis.enqueue(db, "tests.Fail", {"key": "y", "mode": "ok"})
+    db.execute("UPDATE atlantis.jobs SET max_attempts = 3, backoff = interval '20 seconds'"
+               " WHERE id = %s", (job_id,))
+    _claim(db, "w1")  # attempt 1 fails with an exception: the finish applies the backoff
+    _finish(db, "w1", job_id, 1, "failed", {"attempt": 1, "kind": "exception", "message": "no"})
+    assert 15.0 - 0.001 <= _waits(db, job_id) <= 25.0 + 0.001
+    db.execute("UPDATE atlantis.jobs SET run_at = now() WHERE id = %s", (job_id,))
+    _claim(db, "w2")  # attempt 2's lease expires: the previous one failed otherwise
+    _expire(db, job_id)
+    _rescue(db)
+    assert _waits(db, job_id) == 0.0
+    _claim(db, "w3")  # attempt 3, the last: dead, whatever came before
+    _expire(db, job_id)
+    assert _rescue(db) == [(job_id, "dead", "tests")]
+    # A retried dead row starts a new run: its first expiry goes back at once again.
+    assert atlantis.retry(db, job_id) == job_id
+    _claim(db, "w4")
+    _expire(db, job_id)
+    assert _rescue(db) == [(job_id, "available", "tests")]
+    assert _waits(db, job_id) == 0.0
+
+
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
+def test_the_retry_delay_is_exponential_jittered_capped_and_never_overflows(
+        db: psycopg.Connection[Any]) -> None:
+    def delay(base: str, failures: int, cap: str) -> float:
+        found = db.execute("SELECT extract(epoch FROM atlantis.retry_delay(%s::interval, %s,"
+                           " %s::interval))::float8", (base, failures, cap)).fetchone()
+        assert found is not None
+        return float(found[0])
+
+    for _ in range(20):
+        assert 7.5 <= delay("10s", 1, "1 day") <= 12.5
+        assert 30.0 <= delay("10s", 3, "1 day") <= 50.0
+    assert delay("10s", 2**31 - 1, "1 day") == 86400.0
+    assert delay("0s", 5, "1 day") == delay("10s", 0, "1 day") == delay("10s", 3, "0s") == 0.0
+
+
 @pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
 def test_snooze_and_release_spend_no_attempt(db: psycopg.Connection[Any]) -> None:
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "z"})
@@ -209,6 +288,38 @@ def test_kill_9_supervisor_children_die_and_another_finishes(
         assert row["errors"][0]["kind"] == "lease_expired"
     finished = db.execute("SELECT key, count(*) FROM test_events WHERE event = 'finished' GROUP BY key").fetchall()
     assert sorted(finished) == sorted((f"k{i}", 1) for i in range(20))
+
+
+def test_a_job_that_kills_its_supervisor_twice_in_a_row_waits_for_its_backoff(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """The first SIGKILL of its supervisor: the next attempt runs at once. The second in a
+    row: the row waits the job's backoff (20 s * 2^(2-1), +-25%) as after a failure."""
+    job_id = atlantis.enqueue(db, "tests.Sleep", {"key": "kk", "seconds": 60.0})
+    db.execute("UPDATE atlantis.jobs SET max_attempts = 4, backoff = interval '20 seconds',"
+               " heartbeat = interval '1 second' WHERE id = %s", (job_id,))
+
+    def started(n: int) -> list[tuple[Any, ...]]:
+        return [e for e in events(db, "kk") if e[2] == "started" and e[1] == n]
+
+    first = supervise(concurrency=1)
+    wait_for(lambda: started(1), message="attempt 1 to start")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    second = supervise(concurrency=1)
+    wait_for(lambda: started(2), timeout=30, message="attempt 2 to start")
+    row = job_row(db, job_id)
+    assert [e["kind"] for e in row["errors"]] == ["lease_expired"]
+    assert _waits(db, job_id) == 0.0  # rescued to run at once
+    second.signal(signal.SIGKILL)
+    second.wait()
+    supervise(concurrency=1)  # rescues it
+    row = wait_for(lambda: (lambda r: r if len(r["errors"]) == 2 else None)(job_row(db, job_id)),
+                   timeout=30, message="attempt 2 to be rescued")
+    assert [e["kind"] for e in row["errors"]] == ["lease_expired", "lease_expired"]
+    assert row["state"] == "available" and row["attempt"] == 2 and row["finished_at"] is None
+    assert 30.0 - 0.001 <= _waits(db, job_id) <= 50.0 + 0.001
+    assert not started(3)
 
 
 def test_paused_supervisor_attempt_dies_before_the_row_is_reclaimed(

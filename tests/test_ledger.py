@@ -64,7 +64,7 @@ def test_held_rows_are_started_oldest_first_and_stale_ones_given_back() -> None:
         started.append(a.job_id)
         return True
 
-    given, expired = ledger.take_held(lambda: len(started) < 2, start)
+    given, expired = ledger.take_held(lambda _: len(started) < 2, start)
     assert (given, expired) == (1, 0)
     assert started == [2, 3]
     assert [a.job_id for a in ledger.held] == [4]
@@ -84,7 +84,7 @@ def test_an_attempt_no_child_can_start_keeps_its_place() -> None:
         started.append(a.job_id)
         return True
 
-    ledger.take_held(lambda: True, start)
+    ledger.take_held(lambda _: True, start)
     assert started == [2, 3]
     assert [a.job_id for a in ledger.held] == [1]
 
@@ -132,7 +132,7 @@ def test_a_row_cancelled_before_a_child_takes_it_never_starts() -> None:
         started.append(a.job_id)
         return True
 
-    ledger.take_held(lambda: True, start)
+    ledger.take_held(lambda _: True, start)
     assert started == [3]
     ended = {a.job_id: r for a, r in ledger.take_ended(10)}
     assert sorted(ended) == [1, 2]

@@ -146,7 +146,7 @@ def test_rescue_frees_the_slot_in_its_transaction(db: psycopg.Connection[Any]) -
     db.execute("UPDATE atlantis.jobs SET claimed_until = now() - interval '1 second'"
                " WHERE id = %s", (ids[0],))
     with db.transaction():
-        rescued = db.execute(Q.rescue, {"worker": "w2", "limit": 10}).fetchall()
+        rescued = db.execute(Q.rescue, {"worker": "w2", "limit": 10, "max_backoff": 86400.0}).fetchall()
         assert [r[0] for r in rescued] == [ids[0]]
         # Before that transaction commits, a claim of the same transaction sees the slot free.
         got, _ = claim_limited(db, 1, worker="w2")

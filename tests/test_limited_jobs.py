@@ -331,3 +331,44 @@ def test_a_full_key_does_not_block_the_work_behind_it(
         "running",)
     assert db.execute("SELECT DISTINCT state, attempt FROM atlantis.jobs WHERE id = ANY(%s)",
                       (held,)).fetchall() == [("available", 0)]
+
+
+def _claimed_ahead(db: psycopg.Connection[Any], ids: list[int],
+                   ran: list[tuple[str, int, Any, Any]]) -> dict[int, int]:
+    """The rows of ``ids`` that waited for a child after their claim: another handler of
+    ``ran`` ended between the row's claim (its started_at) and its own handler's start.
+    Each maps to that other row's id."""
+    starts = {job_id: s for _, job_id, s, _ in ran}
+    found: dict[int, int] = {}
+    for job_id, claimed in db.execute("SELECT id, started_at FROM atlantis.jobs"
+                                      " WHERE id = ANY(%s)", (ids,)).fetchall():
+        between = [other for _, other, _, e in ran if claimed < e <= starts[job_id]]
+        if between:
+            found[job_id] = between[0]
+    return found
+
+
+def test_plain_rows_are_claimed_ahead_beside_limited_rows_which_never_are(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """Limits cost only the rows they limit (issue 31). One child runs a long PerKey row
+    whose key's other rows wait, held back by the limit; one child is left for the rest.
+    Free rows (no limit) come, then PerKey rows of other keys, which the limit lets run.
+    Every handler records its start and end (PostgreSQL's clock), and a row's started_at
+    is when it was claimed: a row whose child ran another handler between its claim and
+    its start was claimed ahead. Free rows are (on e52f596, a supervisor serving any
+    limited job claimed nothing ahead: none was); PerKey rows never are."""
+    (long_id,) = enqueue(db, "limited.PerKey", [{"key": "busy", "hold": 60.0}])
+    supervise(queues=("limited",), app=APP, concurrency=2)
+    wait_state(db, long_id, "running")
+    blocked = enqueue(db, "limited.PerKey", [{"key": "busy", "hold": 0.0}] * 5)
+    free = enqueue(db, "limited.Free", [{"key": f"f{i}"} for i in range(300)])
+    others = enqueue(db, "limited.PerKey", [{"key": f"k{i}", "hold": 0.02} for i in range(20)])
+    complete(db, free + others)
+    ran = [iv for iv in intervals(db) if iv[0] != "busy"]
+    assert len(ran) == len(free) + len(others)
+    ahead = _claimed_ahead(db, free, ran)
+    assert len(ahead) >= len(free) // 2, f"only {len(ahead)} Free rows claimed ahead"
+    assert _claimed_ahead(db, others, ran) == {}
+    assert db.execute("SELECT DISTINCT state, attempt FROM atlantis.jobs WHERE id = ANY(%s)",
+                      (blocked,)).fetchall() == [("available", 0)]

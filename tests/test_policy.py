@@ -24,8 +24,10 @@ def test_complete_spends_the_attempt() -> None:
 
 def test_failure_retries_with_backoff_while_attempts_remain() -> None:
     err = ChildError(kind="exception", message="ValueError: x", traceback="tb")
-    out = policy.decide(facts(2), LIMITS, Done(job_id=1, outcome="failed", error=err), rand=0.5)
-    assert out.state == "available" and out.spent and out.delay == 20.0
+    out = policy.decide(facts(2), LIMITS, Done(job_id=1, outcome="failed", error=err))
+    # The delay itself is the database's (atlantis.retry_delay, tests/test_leases.py): the
+    # verdict asks for the job's backoff, capped by --max-backoff.
+    assert out.state == "available" and out.spent and out.backoff == LIMITS.max_backoff
     assert out.error == {"attempt": 2, "kind": "exception", "message": "ValueError: x",
                          "traceback": "tb"}
     last = policy.decide(facts(3), LIMITS, Done(job_id=1, outcome="failed", error=err))

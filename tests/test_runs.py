@@ -169,8 +169,8 @@ def test_a_late_write_of_an_earlier_run_never_lands_on_the_next(
     assert (first["id"], first["run"], first["attempt"]) == (job_id, 1, 1)
     db.execute("UPDATE atlantis.jobs SET claimed_until = now() - interval '1 second' "
                "WHERE id = %s", (job_id,))
-    assert db.execute(Q.rescue, {"limit": 10, "worker": "rescuer"}).fetchall() == [
-        (job_id, "dead", "tests")]
+    assert db.execute(Q.rescue, {"limit": 10, "worker": "rescuer",
+                                 "max_backoff": 86400.0}).fetchall() == [(job_id, "dead", "tests")]
     assert atlantis.retry(db, job_id) == job_id
     second = claim()
     assert (second["id"], second["run"], second["attempt"]) == (job_id, 2, 1)

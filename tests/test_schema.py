@@ -93,8 +93,8 @@ def _edited(old: LiteralString, new: LiteralString) -> LiteralString:
      "atlantis.clamp_pct: cannot change return type of existing function"),
     (CLAMP, "CREATE OR REPLACE FUNCTION atlantis.clamp_pct(pct double precision) RETURNS smallint",
      "atlantis.clamp_pct: cannot change name of input parameter"),
-    ("-- Delay before attempt", "CREATE OR REPLACE FUNCTION atlantis.brand_new() RETURNS int"
-     " LANGUAGE sql AS 'SELECT 1';\n-- Delay before attempt",
+    ("-- Append one failure", "CREATE OR REPLACE FUNCTION atlantis.brand_new() RETURNS int"
+     " LANGUAGE sql AS 'SELECT 1';\n-- Append one failure",
      "atlantis.brand_new() made by no migration"),
 ])
 def test_a_new_signature_in_the_functions_file_is_refused(

@@ -692,11 +692,21 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE round(least(greatest(p, 0), 100))::smallint END
 $$;
 
--- Delay before attempt `attempt + 1`: base * 2^(attempt-1), jittered by +-25%, capped at a day.
-CREATE OR REPLACE FUNCTION atlantis.retry_delay(base interval, attempt int) RETURNS interval
+-- How long a row whose attempt failed waits before it may run again: the job's backoff
+-- `base`, doubled for each failure before this one (base * 2^(failures-1)), jittered by
+-- +-25%, at most `cap` (--max-backoff). The one home of the retry delay (migration 0023):
+-- the finish statement applies it to an attempt the supervisor's policy failed, and the
+-- rescue to a lease expiry that follows a lease expiry (queries.sql). In seconds as float8,
+-- so that no exponent overflows an interval.
+CREATE OR REPLACE FUNCTION atlantis.retry_delay(base interval, failures int, cap interval)
+RETURNS interval
 LANGUAGE sql VOLATILE AS $$
-    SELECT least(base * power(2, greatest(attempt - 1, 0))::float8 * (0.75 + random() * 0.5),
-                 interval '1 day')
+    SELECT CASE WHEN base <= interval '0' OR failures <= 0 OR cap <= interval '0'
+                THEN interval '0'
+                ELSE make_interval(secs => least(
+                         extract(epoch FROM base)::float8 * power(2::float8, least(failures - 1, 62))
+                             * (0.75 + 0.5 * random()),
+                         extract(epoch FROM cap)::float8)) END
 $$;
 
 -- Append one failure to a job's history, keeping the last 20.

@@ -99,7 +99,9 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 -- The results of many attempts in one statement. The next state of each row was decided
 -- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
 -- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
--- attempt back; `delay` is when an available row may run again. A cancel requested
+-- attempt back; an available row may run again after `backoff`, when it is given (the
+-- job's backoff for this attempt, at most that many seconds: atlantis.retry_delay, the one
+-- home of the retry delay), else after `delay` (a snooze). A cancel requested
 -- meanwhile wins over whatever the attempt did: the row ends `cancelled`, and its text
 -- names who cancelled (cancelled_by: the supervisor's own `cancelled` error only says that
 -- an operator did). `result` (the handler's return value, checked by the supervisor) is
@@ -109,7 +111,8 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 WITH r AS (
     -- One JSON array of result objects: one parameter to send, parsed in C on both sides.
     SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
-        AS r(id bigint, run int, attempt int, state text, spent bool, delay float8, error jsonb,
+        AS r(id bigint, run int, attempt int, state text, spent bool, delay float8,
+             backoff float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
              log_lines int, log_dropped int, result jsonb)
 ), cur AS (
@@ -146,8 +149,11 @@ WITH r AS (
     UPDATE atlantis.jobs j
        SET state = CASE WHEN cur.cancelling THEN 'cancelled' ELSE cur.state END,
            attempt = CASE WHEN cur.spent OR cur.cancelling THEN j.attempt ELSE j.attempt - 1 END,
-           run_at = CASE WHEN cur.state = 'available' AND NOT cur.cancelling
-                         THEN now() + make_interval(secs => cur.delay) ELSE j.run_at END,
+           run_at = CASE WHEN cur.state <> 'available' OR cur.cancelling THEN j.run_at
+                         WHEN cur.backoff IS NOT NULL
+                         THEN now() + atlantis.retry_delay(j.backoff, j.attempt,
+                                                           make_interval(secs => cur.backoff))
+                         ELSE now() + make_interval(secs => cur.delay) END,
            claimed_until = NULL,
            finished_at = CASE WHEN cur.cancelling OR cur.state IN ('complete', 'dead', 'cancelled')
                               THEN now() END,
@@ -210,8 +216,12 @@ SELECT done.id, done.state FROM done CROSS JOIN note
 -- name: rescue
 -- Rows whose lease expired: their worker is presumed dead. The attempt counts as failed and
 -- the row is re-dispatched at once (or sent to dead; or to cancelled if a cancel was
--- requested). The WHERE clause is re-checked on the locked row, so a row that completed
--- meanwhile is left alone.
+-- requested). Unless the previous attempt of its run also ended by a lease expiry (the last
+-- error is that attempt's `lease_expired`): an attempt that takes its supervisor down would
+-- otherwise be retried in a tight loop across the fleet, so from the second expiry in a row
+-- on the row waits the job's backoff, as after a failed attempt (atlantis.retry_delay, at
+-- most `max_backoff` seconds). The WHERE clause is re-checked on the locked row, so a row
+-- that completed meanwhile is left alone.
 WITH expired AS MATERIALIZED (
     SELECT id FROM atlantis.jobs
      WHERE state = 'running' AND claimed_until < now()
@@ -222,7 +232,13 @@ WITH expired AS MATERIALIZED (
     UPDATE atlantis.jobs j
        SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                         WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-           run_at = now(),
+           run_at = now() + CASE
+               WHEN j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts
+                    AND j.errors->-1 @> jsonb_build_object('kind', 'lease_expired', 'run', j.run,
+                                                           'attempt', j.attempt - 1)
+               THEN atlantis.retry_delay(j.backoff, j.attempt,
+                                         make_interval(secs => %(max_backoff)s::float8))
+               ELSE interval '0' END,
            claimed_until = NULL,
            finished_at = CASE WHEN j.attempt >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
                               THEN now() END,

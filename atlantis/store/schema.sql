@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0022) and functions.sql
+-- The atlantis schema as the migrations (0001 to 0023) and functions.sql
 -- leave it; a function's body is in functions.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -403,10 +403,10 @@ CREATE FUNCTION atlantis.retry(job_id bigint, by text DEFAULT CURRENT_USER) RETU
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
--- Name: retry_delay(interval, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+-- Name: retry_delay(interval, integer, interval); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.retry_delay(base interval, attempt integer) RETURNS interval
+CREATE FUNCTION atlantis.retry_delay(base interval, failures integer, cap interval) RETURNS interval
     LANGUAGE sql
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 

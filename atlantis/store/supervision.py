@@ -117,6 +117,10 @@ class Result:
     result: str | None = None
     """The handler's return value as JSON text, checked (``policy.completed``): written
     as the row's ``result`` if the row ends ``complete``."""
+    backoff: float | None = None
+    """Given (a failed attempt going back to ``available``): the row waits the job's
+    backoff for this attempt, at most this many seconds (``atlantis.retry_delay``), not
+    ``delay``."""
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
@@ -139,7 +143,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
     return {
         "results": orjson.dumps([{
             "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,
-            "delay": r.delay, "error": r.error, "has_progress": r.progress is not None,
+            "delay": r.delay, "backoff": r.backoff, "error": r.error, "has_progress": r.progress is not None,
             "pct": r.progress.pct if r.progress else None,
             "msg": r.progress.msg if r.progress else None,
             "label": r.label or r.state, "child_pid": r.child_pid,
@@ -240,10 +244,13 @@ async def attempt_state(db: Connection, job_id: int) -> AttemptStateRow | None:
     return rows[0] if rows else None
 
 
-async def rescue(db: Connection, worker: str, limit: int) -> list[RescuedRow]:
-    """Rows whose lease expired, any worker's: failed (or dead, or cancelled) and back."""
-    return await db.fetch_rows(RescuedRow, Q.rescue, {"limit": limit, "worker": worker},
-                               timeout=10)
+async def rescue(db: Connection, worker: str, limit: int, max_backoff: float
+                 ) -> list[RescuedRow]:
+    """Rows whose lease expired, any worker's: failed (or dead, or cancelled) and back, at
+    once, or after the job's backoff (at most ``max_backoff`` seconds) when the previous
+    attempt's lease expired too."""
+    return await db.fetch_rows(RescuedRow, Q.rescue, {"limit": limit, "worker": worker,
+                                                      "max_backoff": max_backoff}, timeout=10)
 
 
 async def workflow_sweep(db: Connection, batch: int) -> int:

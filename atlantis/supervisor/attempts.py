@@ -53,6 +53,9 @@ class Attempt:
     span: Any = None
     """Its OpenTelemetry span while tracing is on (:mod:`atlantis.supervisor.tracing`)."""
     span_ended: bool = False
+    limited: bool = False
+    """Claimed by the limited claim (``claim_limited``) for an idle child, never ahead: it
+    starts before the rows held ahead."""
 
     # The claimed row's own facts, read so often that each is an attribute (the row is frozen).
     job_id: int = field(init=False)

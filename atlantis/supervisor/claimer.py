@@ -16,11 +16,24 @@ that time (or a quarter of its heartbeat, if shorter) is given back at once, uns
 long attempt therefore never keeps a row from another supervisor for longer than that.
 
 Limited rows (jobs declaring ``concurrency`` or ``rate``, queues with a limit) are claimed
-by a statement of their own (``atlantis.claim_limited``), first and only for idle children;
-a supervisor serving any of them claims nothing ahead, so that its children do fall idle
-for them. The limits themselves are held by the database (the trigger jobs_limit_claim).
-No NOTIFY announces that a rate window ended or that a contended key came free: the claim
-says when to look again (``wake_in``), and the claimer comes back then.
+by a statement of their own (``atlantis.claim_limited``), first and only for idle children:
+they are never claimed ahead. Limits cost only the rows they limit: rows no limit applies
+to (of jobs without limits, on queues without one) are claimed ahead as by a supervisor
+that serves no limited job. So that its children still fall idle for limited rows:
+
+- while the last limited claim filled every idle child it was offered (more may be waiting),
+  nothing is held ahead, and every child that falls idle comes to it (limited rows first,
+  as plain rows go first in no other way);
+- otherwise (none waiting, or those waiting held back by their limits), rows are held ahead,
+  and once a poll, or when the claim said a limit frees (``wake_in``), the claimer asks the
+  pool for the next child that falls idle (``Runtime.idle_for_limited``) and offers it to
+  the limited claim before any held row takes it. The idle children a limited claim was
+  offered stay kept while it is under way, so that its rows never wait for a child. A limited row enqueued while plain work
+  keeps every child busy is therefore seen within about a poll.
+
+The limits themselves are held by the database (the trigger jobs_limit_claim). No NOTIFY
+announces that a rate window ended or that a contended key came free: the claim says when
+to look again (``wake_in``), and the claimer comes back then.
 """
 
 from __future__ import annotations
@@ -76,6 +89,9 @@ class Claimer(Service):
         """``ledger.attempts_ended`` when held rows last went stale: hold none until it moves."""
         self._limited_at = -math.inf
         """When rows of limited jobs were last claimed."""
+        self._limited_full = True
+        """The last limited claim got a row for every idle child it was offered: more may be
+        waiting (or no limited claim ran yet)."""
         self._plain_at = -math.inf
         """When the plain claim last ran."""
         self._cursor: str | None = None
@@ -106,6 +122,7 @@ class Claimer(Service):
                 return
             if self._wake_at is not None and rt.now() >= self._wake_at:
                 self._wake_at = None
+                self._limited_full = True  # a limit frees: look again before holding more
             self._give_back_stale()
             try:
                 if self._orphans_possible:
@@ -114,10 +131,12 @@ class Claimer(Service):
                 await self._claim()
             except DatabaseUnavailable as exc:
                 self._orphans_possible = self._orphans_possible or exc.sent
+                rt.idle_for_limited = 0  # no claim to offer them to: keep none idle
                 failures += 1
                 continue
             except StatementRejected as exc:
                 log.error("a claim was refused by the database: %s", exc)
+                rt.idle_for_limited = 0
                 failures += 1
                 continue
             failures = 0
@@ -157,36 +176,55 @@ class Claimer(Service):
         jobs = self.jobs()
         limited = bool(rt.limited_jobs.intersection(jobs)
                        or rt.limited_queues.intersection(queues))
-        rt.claims_ahead = not limited
-        ahead = 0 if limited else self._ahead()
+        # Limited rows waiting for children: hold nothing ahead, every idle child is theirs.
+        crowded = limited and self._limited_full
+        rt.claims_ahead = not crowded
+        ahead = 0 if crowded else self._ahead()
+        rt.idle_for_limited = int(limited and (
+            crowded or rt.now() - self._limited_at >= rt.settings.poll_interval))
         if limited and idle:
-            idle -= await self._claim_limited(queues, jobs, idle)
+            idle -= await self._claim_limited(queues, jobs, idle, serving=True)
         if not idle and len(held) > ahead // 2:
             return  # enough held: top up in batches, not one row per finished attempt
         want = idle + ahead - len(held)
         if want > 0:
-            await self._claim_plain(queues, jobs, want, limited)
+            await self._claim_plain(queues, jobs, want, idle, limited)
         # Without limits of its own, a supervisor still looks for limited rows once a poll,
         # after its own work: rows marked by limits declared in a newer app, or by a queue
         # limit just removed.
         idle = self.idle()
         if not limited and idle and rt.now() - self._limited_at >= rt.settings.poll_interval:
-            self._limited_at = rt.now()
-            await self._claim_limited(queues, jobs, idle)
+            await self._claim_limited(queues, jobs, idle, serving=False)
 
-    async def _claim_plain(self, queues: list[str], jobs: list[str], want: int,
+    async def _claim_plain(self, queues: list[str], jobs: list[str], want: int, idle: int,
                            limited: bool) -> None:
-        """Claim up to ``want`` rows no limit applies to (and hold those beyond the idle
-        children's)."""
+        """Claim up to ``want`` rows no limit applies to: for the ``idle`` children, and held
+        ahead for the busy ones."""
         rt = self.rt
-        # Every row it may claim is limited (all its jobs declare limits, or all its queues
-        # have one): the plain claim finds only a row enqueued as its limit was declared,
-        # not marked yet; it looks for those once a poll.
-        if limited and (rt.limited_jobs.issuperset(jobs)
-                        or rt.limited_queues.issuperset(queues)) \
-                and rt.now() - self._plain_at < rt.settings.poll_interval:
+        if not limited:
+            await self._claim_rows(queues, jobs, want)
             return
-        self._plain_at = rt.now()
+        # A row of a limited job or queue enqueued as its limit was declared is not marked
+        # yet, and only the plain claim finds it (and marks it, so that the limit trigger
+        # decides it): once a poll, the plain claim looks at every job and queue served, for
+        # the idle children only, since such a row must not be held ahead.
+        if idle and rt.now() - self._plain_at >= rt.settings.poll_interval:
+            self._plain_at = rt.now()
+            got = await self._claim_rows(queues, jobs, idle)
+            want -= got
+            if got < idle:
+                return  # nothing more is waiting
+        # Otherwise only rows no limit applies to: of the jobs without limits, on the queues
+        # without one. These alone may be held ahead.
+        plain_queues = [q for q in queues if q not in rt.limited_queues]
+        plain_jobs = [j for j in jobs if j not in rt.limited_jobs]
+        if want > 0 and plain_queues and plain_jobs:
+            await self._claim_rows(plain_queues, plain_jobs, want)
+
+    async def _claim_rows(self, queues: list[str], jobs: list[str], want: int) -> int:
+        """Claim up to ``want`` rows of ``jobs`` on ``queues`` with the plain claim and hold
+        them for the next idle children; returns how many came."""
+        rt = self.rt
         # In a transaction: a claim abandoned on a link that delivers it late is rolled back.
         # Only a COMMIT whose answer is lost leaves rows claimed for nobody; the next round
         # gives those back (_release_orphans).
@@ -202,10 +240,17 @@ class Claimer(Service):
         self.start_held()
         if rows and len(rows) == want:
             rt.wake.set()  # more work may be waiting
+        return len(rows)
 
-    async def _claim_limited(self, queues: list[str], jobs: list[str], idle: int) -> int:
-        """Claim rows of limited jobs for ``idle`` children; returns how many came."""
+    async def _claim_limited(self, queues: list[str], jobs: list[str], idle: int,
+                             serving: bool) -> int:
+        """Claim rows of limited jobs for ``idle`` children; returns how many came.
+        ``serving``: the supervisor serves limited jobs or queues (else it only looks for
+        rows marked by a newer app's limits, or by a queue limit just removed)."""
         rt = self.rt
+        self._limited_at = rt.now()
+        if serving:
+            rt.idle_for_limited = idle  # theirs until the claim answers
         self._claiming = True
         began = tracing.now_ns()
         try:
@@ -214,8 +259,12 @@ class Claimer(Service):
         finally:
             self._claiming = False
         self._cursor = got.cursor
+        if serving:
+            self._limited_full = len(got.rows) == idle
+            # The children it was offered run its rows, or are free for held rows now.
+            rt.idle_for_limited = int(self._limited_full)
         t0 = self.db.sent_at
-        self._traced([self._hold(row, t0) for row in got.rows], began, queues)
+        self._traced([self._hold(row, t0, limited=True) for row in got.rows], began, queues)
         self.start_held()
         if got.wake_in is not None:
             at = rt.now() + got.wake_in
@@ -230,10 +279,12 @@ class Claimer(Service):
         if claimed:
             self.ledger.tracing.batch(CLAIM_SPAN, claimed, began, {"atlantis.queues": queues})
 
-    def _hold(self, row: ClaimedRow, t0: float) -> Attempt:
-        """Hold a claimed row for the next idle child that can run it."""
+    def _hold(self, row: ClaimedRow, t0: float, limited: bool = False) -> Attempt:
+        """Hold a claimed row for the next idle child that can run it (``limited``: a row of
+        the limited claim, claimed for an idle child: it goes first)."""
         rt = self.rt
         a = self.ledger.claimed(row, t0)
+        a.limited = limited
         if rt.draining:  # claimed as the drain began: give it back now
             self.ledger.end(a, policy.RELEASE)
             return a

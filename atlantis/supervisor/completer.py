@@ -164,6 +164,8 @@ def sanitized(result: Result, why: str) -> Result:
                 if result.progress else None)
     state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
     delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0
+    backoff = result.backoff if result.backoff is None or 0 <= result.backoff <= 86_400 * 365 \
+        else 0.0
     return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress,
                   result.label[:40], result.child_pid, result.log_lines, result.log_dropped,
-                  result.run)
+                  result.run, backoff=backoff)

@@ -70,23 +70,28 @@ class Ledger:
         return a
 
     def hold(self, a: Attempt) -> None:
-        self.held.append(a)
+        """Hold ``a`` for the next idle child: a row of a limited job (claimed for an idle
+        child, never ahead) goes before the rows held ahead."""
+        if a.limited:
+            self.held.appendleft(a)
+        else:
+            self.held.append(a)
 
     def stale(self, a: Attempt, now: float) -> bool:
         """Held too long to start (:func:`policy.held_too_long`): give it back instead."""
         return policy.held_too_long(now, a.renewed_at, a.heartbeat,
                                     self.settings.claim_ahead_hold)
 
-    def take_held(self, free: Callable[[], bool], start: Callable[[Attempt], bool]
+    def take_held(self, free: Callable[[Attempt], bool], start: Callable[[Attempt], bool]
                   ) -> tuple[int, int]:
-        """Start held attempts, oldest first, while ``free()`` (a child is idle): ``start``
+        """Start held attempts, oldest first, while ``free(next)`` (a child is idle for it): ``start``
         says whether one took it (no idle child may have its handler yet, during a reload:
         it waits). Stale ones are given back instead. Returns how many were given back, and
         of those how many had (nearly) outlived their leases."""
         now = self.now()
         given = expired = 0
         kept: list[Attempt] = []
-        while self.held and free():
+        while self.held and free(self.held[0]):
             a = self.held.popleft()
             if self.stale(a, now):
                 self.end(a, policy.RELEASE)
@@ -172,7 +177,7 @@ class Ledger:
         self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
                                      a.child_pid, a.log_lines, a.log_dropped, a.run,
-                                     outcome.result)))
+                                     outcome.result, outcome.backoff)))
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:

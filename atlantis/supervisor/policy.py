@@ -32,13 +32,17 @@ class Verdict:
     discard, snooze; the verdict also weighs timeouts, cancels, limits and retries.)
 
     ``spent`` is whether it counts as one of the job's attempts (a snooze or a release
-    does not); ``delay`` is when the row may run again (seconds from now) if it goes back
-    to ``available``.
+    does not). A row that goes back to ``available`` may run again after ``delay`` seconds,
+    or, when ``backoff`` is given (a failed attempt with attempts left), after the job's
+    backoff for this attempt, at most ``backoff`` seconds (``--max-backoff``). That delay
+    is computed where the row is written, by ``atlantis.retry_delay`` (functions.sql): the
+    one home of the retry delay, which the rescue applies too.
     """
 
     state: NextState
     spent: bool
     delay: float = 0.0
+    backoff: float | None = None
     error: dict[str, Any] | None = None
     label: str = ""
     """How the attempt ended, for logs and metrics: complete, failed, discard, snooze,
@@ -86,8 +90,10 @@ class Limits:
 def backoff(base: float, failures: int, *, cap: float, rand: float | None = None) -> float:
     """Exponential backoff with jitter: ``base * 2^(failures-1)``, +-25%, at most ``cap``.
 
-    The one backoff of atlantis: job retries, respawning children, restarting a crashed
-    service. ``rand`` in [0, 1) makes it deterministic for tests.
+    The supervisor's own pacing: respawning children, restarting a crashed service, claims
+    and schedules after an error. Not a job's retry delay: a failed attempt's row waits
+    ``atlantis.retry_delay`` (see :class:`Verdict`), which the rescue applies too, so that
+    the rule has one home. ``rand`` in [0, 1) makes it deterministic for tests.
     """
     if base <= 0 or failures <= 0:
         return 0.0
@@ -108,14 +114,19 @@ def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     return cut(clean(text), limit)
 
 
-def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str,
-            rand: float | None = None, **more: Any) -> Verdict:
+def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str, **more: Any) -> Verdict:
     """A failed attempt: retried after a backoff while attempts remain, else dead."""
-    error = {"attempt": facts.attempt, "kind": kind, "message": clip(message), **more}
+    return failed(facts, limits, {"attempt": facts.attempt, "kind": kind,
+                                  "message": clip(message), **more})
+
+
+def failed(facts: AttemptFacts, limits: Limits, error: dict[str, Any]) -> Verdict:
+    """A failed attempt with its ``error``: back to ``available`` to wait for the job's
+    backoff while attempts remain (the delay is the database's, see :class:`Verdict`),
+    else ``dead``."""
     if facts.attempt >= facts.max_attempts:
         return Verdict("dead", True, error=error, label="failed")
-    delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
-    return Verdict("available", True, delay=delay, error=error, label="failed")
+    return Verdict("available", True, backoff=limits.max_backoff, error=error, label="failed")
 
 
 def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
@@ -160,7 +171,7 @@ def _child_error(facts: AttemptFacts, err: ChildError | None, default_kind: str)
 
 
 def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason | None = None,
-           rand: float | None = None, cancelled: bool = False) -> Verdict:
+           cancelled: bool = False) -> Verdict:
     """The next state of a row whose attempt's child reported ``done``."""
     if cancelled and done.outcome in ("failed", "discard"):
         # Cancelled all the same; the failure is kept in the history before the cancel.
@@ -177,10 +188,7 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
     error = _child_error(facts, done.error, "discarded" if done.outcome == "discard" else "exception")
     if done.outcome == "discard":
         return Verdict("dead", True, error=error, label="discard")
-    if facts.attempt >= facts.max_attempts:
-        return Verdict("dead", True, error=error, label="failed")
-    delay = backoff(facts.backoff, facts.attempt, cap=limits.max_backoff, rand=rand)
-    return Verdict("available", True, delay=delay, error=error, label="failed")
+    return failed(facts, limits, error)
 
 
 def completed(facts: AttemptFacts, result: str | None, nulled: str | None = None) -> Verdict:
@@ -209,15 +217,15 @@ def completed(facts: AttemptFacts, result: str | None, nulled: str | None = None
 
 def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
                 reason: StopReason | None = None, detail: str = "",
-                rand: float | None = None, cancelled: bool = False, said: str = "") -> Verdict:
+                cancelled: bool = False, said: str = "") -> Verdict:
     """The next state of a row whose attempt's child died without reporting a result.
 
     ``said`` is why the child said it stopped the attempt itself, if it did (a lost pipe,
     no lease renewal...): it replaces the guess that a SIGKILL means memory.
     """
     if cancelled and reason in (None, "memory", "tasks", "protocol", "timeout"):
-        failed = decide_exit(facts, limits, returncode, reason, detail, rand, said=said)
-        return Verdict("cancelled", True, error=failed.error, label="cancelled")
+        ended = decide_exit(facts, limits, returncode, reason, detail, said=said)
+        return Verdict("cancelled", True, error=ended.error, label="cancelled")
     stopped = forced(facts, limits, reason, detail, cancelled=cancelled)
     if stopped is not None:
         return stopped
@@ -226,7 +234,7 @@ def decide_exit(facts: AttemptFacts, limits: Limits, returncode: int,
     message = describe_exit(returncode)
     if said:
         message = f"{describe_exit(returncode, hint=False)}: {said}"
-    return failure(facts, limits, "crash", message, rand, **more)
+    return failure(facts, limits, "crash", message, **more)
 
 
 def describe_exit(returncode: int, hint: bool = True) -> str:

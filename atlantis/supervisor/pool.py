@@ -174,16 +174,21 @@ class Pool(Service):
         A row held too long (:func:`policy.held_too_long`: the supervisor was stalled, so
         the claimer could not give it back in time) is given back instead of started.
         """
-        rt = self.rt
-        stale, expired = self.ledger.take_held(
-            lambda: not rt.draining and any(c.state == "idle" for c in self.children),
-            self.assign)
+        stale, expired = self.ledger.take_held(self._free_for, self.assign)
         if expired:
             log.warning("gave back %d rows claimed ahead instead of starting them: %d had "
                         "(nearly) outlived their leases, the supervisor was stalled", stale, expired)
         elif stale:
             log.info("gave back %d rows claimed ahead: held past their hold before a child "
                      "was free", stale)
+
+    def _free_for(self, a: Attempt) -> bool:
+        """Whether a child is idle for held ``a``: those kept for the claimer's limited claim
+        (``Runtime.idle_for_limited``) take only that claim's rows."""
+        if self.rt.draining:
+            return False
+        idle = sum(c.state == "idle" for c in self.children)
+        return idle > (0 if a.limited else self.rt.idle_for_limited)
 
     def assign(self, a: Attempt) -> bool:
         """Start ``a`` in an idle child that has its handler; False if none is idle."""

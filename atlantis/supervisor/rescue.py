@@ -1,7 +1,8 @@
 """Rescue: rows whose lease expired, any supervisor's, every ``rescue_interval``.
 
 Their worker is presumed dead: the attempt counts as failed and the row goes back at once
-(or to dead, or to cancelled if a cancel was requested). Outcomes of this supervisor still
+(or to dead, or to cancelled if a cancel was requested); from the second lease expiry in a
+row of the same job, after the job's backoff (the rule is the statement's, queries.sql). Outcomes of this supervisor still
 waiting to be written come first: rescued, they would be run again. The same tick runs the
 workflow sweep (atlantis.workflow_sweep): workflows past their deadline, the one workflow
 transition that only time finds; and forgets the rate windows that ended
@@ -48,7 +49,8 @@ class Rescue(Service):
             self.flush.set()
             return
         try:
-            rows = await sql.rescue(self.db, rt.worker_id, rt.settings.rescue_batch)
+            rows = await sql.rescue(self.db, rt.worker_id, rt.settings.rescue_batch,
+                                    rt.settings.max_backoff)
         except (DatabaseUnavailable, StatementRejected):
             return
         rt.metrics.rescued.inc(len(rows))

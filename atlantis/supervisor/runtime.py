@@ -43,8 +43,13 @@ class Runtime:
     limited_jobs: frozenset[str] = frozenset()
     """Jobs of the app that declare limits (concurrency, rate)."""
     claims_ahead: bool = True
-    """Whether the claimer may hold rows ahead (not while it serves limited jobs or queues):
-    when it may not, the completer lingers a little to batch results."""
+    """Whether the claimer may hold rows ahead (not while rows of limited jobs or queues wait
+    for its children): when it may not, the completer lingers a little to batch results."""
+    idle_for_limited: int = 0
+    """Idle children the pool keeps for the claimer's limited claim (rows of limited jobs or
+    queues are never claimed ahead, so they need idle children): it starts no row held
+    ahead in them. One while the claimer waits for a child to fall idle, those it offered
+    while that claim is under way (see supervisor/claimer.py)."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Wakes the claimer: a child became idle, work was announced, the database is back."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
