@@ -49,6 +49,9 @@ BREAKING = {
 
 #: (file, text of the offending line, reason): a breaking statement that is accepted.
 ALLOWED = [
+    ("0023_retry_delay.sql", "DROP FUNCTION atlantis.retry_delay(interval, int)",
+     "no statement of any release called it (issue 32); 0.3.0's finish and rescue call the "
+     "new signature, created by the same migration"),
     ("0002_containment.sql", "ADD CONSTRAINT jobs_error_count_check",
      "shipped before rolling upgrades were promised; a supervisor of 0001 never writes "
      "error_count (it has a default of 0), so the check cannot refuse it"),

@@ -4,8 +4,7 @@ A message is a frozen dataclass; on the wire it is one orjson object whose ``t``
 its type. :func:`decode` checks a frame completely on arrival (known type, every field
 present with its type, numbers finite, strings bounded) and raises
 :class:`~atlantis.protocol.framing.ProtocolError` otherwise: the supervisor then kills the
-sender and fails its attempt with kind ``protocol``. Nothing downstream ever sees a
-malformed message.
+sender and fails its attempt with kind ``protocol``: nothing downstream sees a bad message.
 
 supervisor -> child (control pipe)
   Run        an attempt to run; ``args`` is the row's JSON text, untouched (the child
@@ -25,8 +24,7 @@ child -> supervisor (events pipe)
              handler's return value as JSON text; ``spans`` the handler's spans (JSON text);
              ``nulled`` where that value held NaN or an infinity (written as null)
 child -> supervisor (lease cell, read once the child is gone)
-  last words why the child stopped its attempt itself (a lost pipe, no renewal in time...):
-             written to shared memory, which no closed descriptor or full pipe can stop
+  last words why the child (or the lease keeper) stopped its attempt: shared memory
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
   Fork / Forked / Exited (each says what it means); ZygoteReady (the app is imported,
   it forks on request), ZygoteFatal (the app could not be imported; it exits), Unsafe
@@ -134,14 +132,12 @@ class Done:
     delay: float = 0.0
     leftovers: list[str] = field(default_factory=list)
     retire: str | None = None
-    """Why this child runs no other attempt: the handler left its process in a state it
-    could not put back (:mod:`atlantis.child.state`). It exits; the supervisor replaces it."""
+    """Why this child runs no other attempt (a state it cannot put back: child/state.py)."""
     result: str | None = None
     """A ``complete`` handler's return value as JSON text (:mod:`results`); None: none."""
     spans: str | None = None
     nulled: str | None = None
-    """Where the return value held NaN or an infinity, which ``result`` has as null
-    (:func:`atlantis.protocol.results.non_finite`); None: nowhere."""
+    """Where the value held NaN or infinities (``result`` has null): results.non_finite."""
     t: Literal["done"] = "done"
 
 
