@@ -67,6 +67,9 @@ def test_a_long_by_value_is_enqueued_by_tide_and_runs_under_its_limit(
     groups = {g for (g,) in db.execute(
         "SELECT limit_group FROM atlantis.jobs WHERE id = ANY(%s)", (ids,))}
     assert groups == {hashlib.sha256(orjson.dumps([key])).hexdigest()}
+    # Operators read the limit with the value clipped (tide job status, the console).
+    assert db.execute("SELECT label FROM atlantis.limits_of(%s)", (ids[0],)).fetchall() == [
+        (f"concurrency 1 by key={key[:200]}... ({len(key)} characters)",)]
     supervise(queues=("limited",), app=LIMITED_APP, concurrency=3)
     for i in [*ids, other]:
         wait_state(db, i, "complete")
@@ -163,7 +166,8 @@ def test_a_row_the_claim_cannot_take_ends_dead_and_the_queue_runs(
     wait_state(db, free, "complete", timeout=20)
     row = wait_state(db, poison, "dead", timeout=20)
     assert row["errors"][-1]["kind"] == "claim", row["errors"]
-    assert row["last_error"].startswith("the claim cannot take this job: timestamp out of range")
+    assert row["last_error"] == ("the claim cannot take this job: timestamp out of range "
+                                 "(SQLSTATE 22008)")
     assert row["attempt"] == 0 and row["finished_at"] is not None
     # The supervisor says so, and keeps serving.
     wait_for(lambda: f"job={poison}: ends dead (kind claim)" in sup.log(), 10)
