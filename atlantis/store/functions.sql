@@ -466,6 +466,25 @@ END
 $$;
 REVOKE ALL ON FUNCTION atlantis.canonical_value(text, boolean, jsonb) FROM PUBLIC;
 
+-- The digest of a key derived from args (a unique key, a limit's group or key): what every
+-- index over such a key holds (migration 0021). A key may be as long as the args (1 MiB); a
+-- btree entry holds at most 2,704 bytes. SHA-256, so that two keys never share a digest,
+-- as hex text. IMMUTABLE for the indexes (the database's encoding never changes): its body
+-- changes only with a migration that rebuilds jobs_unique_idx, workflow_instances_unique_idx
+-- and the rows' limit_group and limit_starts.key.
+CREATE OR REPLACE FUNCTION atlantis.key_digest(key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT encode(sha256(convert_to(key, 'UTF8')), 'hex') $$;
+REVOKE ALL ON FUNCTION atlantis.key_digest(text) FROM PUBLIC;
+
+-- A key (or a value of one) as a message or a label shows it: its first 200 characters,
+-- then how long it is. The key itself is kept whole (the args hold it).
+CREATE OR REPLACE FUNCTION atlantis.key_text(key text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT CASE WHEN length(key) <= 200 THEN key
+                  ELSE left(key, 200) || format('... (%s characters)', length(key)) END $$;
+REVOKE ALL ON FUNCTION atlantis.key_text(text) FROM PUBLIC;
+
 -- The unique key of `args` (already checked) under `decl`: a JSON array of the canonical
 -- values of its unique fields, in the order of `unique (...)`, as text; NULL when `decl`
 -- declares none. A plain function (tide db doctor's reader role may execute it and the
@@ -557,13 +576,14 @@ BEGIN
                     decl.heartbeat, decl.backoff, key,
                     CASE WHEN limited THEN atlantis.limit_group(decl, a, true) END,
                     enqueue_many.trace_context)
-            ON CONFLICT (job, unique_key)
+            ON CONFLICT (job, atlantis.key_digest(unique_key))
                 WHERE unique_key IS NOT NULL AND state IN ('available', 'running')
                 DO NOTHING
             RETURNING id INTO new_id;
             IF new_id IS NULL THEN
                 SELECT j.id INTO new_id FROM atlantis.jobs j
-                 WHERE j.job = decl.job AND j.unique_key = key
+                 WHERE j.job = decl.job AND j.unique_key IS NOT NULL
+                   AND atlantis.key_digest(j.unique_key) = atlantis.key_digest(key)
                    AND j.state IN ('available', 'running');
             END IF;
             EXIT WHEN new_id IS NOT NULL;
@@ -681,6 +701,91 @@ BEGIN
               CASE WHEN j.workflow_id IS NULL THEN NULL
                    ELSE atlantis.step_context(j.id)::text END,
               j.trace_context;
+END
+$$;
+
+-- One row can never stop the claims of its queue (migration 0021). A claim statement
+-- (atlantis.claim, atlantis.claim_limited) that fails on one row's data fails whole, for
+-- every row of its queues; the supervisor's claimer then calls this, and only then (the
+-- claims themselves pay nothing for it). Each row those claims would try next (per queue,
+-- the first `n` due rows no limit applies to, and the first due row of each limited group)
+-- is claimed again alone, in a subtransaction rolled back whatever happens: the same SET
+-- as `claim`, the same trigger, the same values returned. A row whose claim raises an error
+-- of one of the SQLSTATE classes `rejected` (the errors of the row's data, as the claimer
+-- classifies them) ends `dead`, error kind `claim`, its last_error naming the cause; any
+-- other error is raised. Returns the rows so ended, with the cause.
+CREATE OR REPLACE FUNCTION atlantis.claim_isolate(queues text[], jobs text[], worker text,
+                                                  n int, limited text[], rejected text[])
+RETURNS TABLE (id bigint, error text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    candidate bigint;
+    probe jsonb;
+    code text;
+    msg text;
+BEGIN
+    FOR candidate IN
+        SELECT c.id FROM unnest(claim_isolate.queues) AS u(q)
+         CROSS JOIN LATERAL (
+               SELECT x.id FROM atlantis.jobs x
+                WHERE x.state = 'available' AND x.queue = u.q AND x.run_at <= now()
+                  AND x.job = ANY (claim_isolate.jobs) AND x.limit_group IS NULL
+                ORDER BY x.priority, x.run_at, x.id LIMIT claim_isolate.n) c
+        UNION
+        SELECT c.id FROM unnest(claim_isolate.queues) AS u(q)
+         CROSS JOIN LATERAL (
+               SELECT DISTINCT ON (x.priority, x.limit_group) x.id FROM atlantis.jobs x
+                WHERE x.state = 'available' AND x.queue = u.q AND x.run_at <= now()
+                  AND x.job = ANY (claim_isolate.jobs) AND x.limit_group IS NOT NULL
+                ORDER BY x.priority, x.limit_group, x.run_at, x.id LIMIT 1000) c
+    LOOP
+        BEGIN
+            PERFORM 1 FROM atlantis.jobs x
+             WHERE x.id = candidate AND x.state = 'available' FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;  -- taken by a claim meanwhile
+            UPDATE atlantis.jobs j
+               SET state = 'running', attempt = j.attempt + 1, claimed_by = claim_isolate.worker,
+                   claimed_until = now() + j.heartbeat, started_at = now(),
+                   progress_history = '[]',
+                   limit_group = CASE WHEN j.limit_group IS NOT NULL THEN j.limit_group
+                                      WHEN j.job = ANY (claim_isolate.limited) OR EXISTS (
+                                           SELECT 1 FROM atlantis.queues l
+                                            WHERE l.name = j.queue AND l.concurrency IS NOT NULL)
+                                      THEN '' END
+             WHERE j.id = candidate
+            RETURNING jsonb_build_array(j.args::text, j.run, j.attempt, j.max_attempts,
+                          extract(epoch FROM j.timeout)::float8,
+                          extract(epoch FROM j.heartbeat)::float8,
+                          extract(epoch FROM j.backoff)::float8, now() + j.timeout,
+                          CASE WHEN j.workflow_id IS NULL THEN NULL
+                               ELSE atlantis.step_context(j.id)::text END, j.trace_context)
+              INTO probe;
+            RAISE SQLSTATE 'ATL00';  -- claimable: undo the trial
+        EXCEPTION
+            WHEN SQLSTATE 'ATL00' THEN
+                NULL;
+            WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+                IF NOT left(code, 2) = ANY (claim_isolate.rejected) THEN
+                    RAISE;
+                END IF;
+                msg := format('the claim cannot take this job: %s (SQLSTATE %s)',
+                              left(msg, 1000), code);
+                UPDATE atlantis.jobs j
+                   SET state = 'dead', finished_at = now(), claimed_until = NULL,
+                       last_error = msg, error_count = j.error_count + 1,
+                       errors = atlantis.errors_append(j.errors, jsonb_build_object(
+                           'run', j.run, 'attempt', j.attempt, 'kind', 'claim',
+                           'message', msg, 'at', now(), 'worker', claim_isolate.worker))
+                 WHERE j.id = candidate AND j.state = 'available';
+                IF FOUND THEN
+                    id := candidate;
+                    error := msg;
+                    RETURN NEXT;
+                END IF;
+        END;
+    END LOOP;
 END
 $$;
 
@@ -841,11 +946,12 @@ BEGIN
     EXCEPTION WHEN unique_violation THEN
         -- jobs_unique_idx: another job of this name holds the key, waiting or running.
         SELECT * INTO holder FROM atlantis.jobs h
-         WHERE h.job = j.job AND h.unique_key = j.unique_key
+         WHERE h.job = j.job AND h.unique_key IS NOT NULL
+           AND atlantis.key_digest(h.unique_key) = atlantis.key_digest(j.unique_key)
            AND h.state IN ('available', 'running') AND h.id <> j.id
          LIMIT 1;
         RAISE EXCEPTION 'job % (%) already holds the unique key %; retry job % once it has finished',
-            coalesce(holder.id::text, '?'), j.job, j.unique_key, j.id
+            coalesce(holder.id::text, '?'), j.job, atlantis.key_text(j.unique_key), j.id
             USING ERRCODE = 'ATL03';
     END;
     PERFORM pg_notify('atlantis_jobs', j.queue);
@@ -1274,8 +1380,9 @@ CREATE OR REPLACE FUNCTION atlantis.workflow_key_holder(workflow_name text, key 
 RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT i.id FROM atlantis.workflow_instances i
-     WHERE i.workflow = workflow_key_holder.workflow_name AND i.unique_key = workflow_key_holder.key
-       AND i.unique_key IS NOT NULL AND i.dismissed_at IS NULL
+     WHERE i.workflow = workflow_key_holder.workflow_name AND i.unique_key IS NOT NULL
+       AND atlantis.key_digest(i.unique_key) = atlantis.key_digest(workflow_key_holder.key)
+       AND i.dismissed_at IS NULL
        AND i.state IN ('running', 'compensating', 'compensation_failed')
      LIMIT 1
 $$;
@@ -1876,8 +1983,9 @@ BEGIN
 END
 $$;
 
--- A row's group (jobs.limit_group): NULL when no limit applies, else the values of every
--- `by` field its job's limits name, in order ('' when they name none).
+-- A row's group (jobs.limit_group): NULL when no limit applies, '' when its job's limits
+-- name no `by` field, else the digest (atlantis.key_digest) of the values of every `by`
+-- field they name, in order, as JSON (migration 0021: any value the args accept).
 CREATE OR REPLACE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb,
                                                 queue_limited boolean) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
@@ -1891,7 +1999,7 @@ BEGIN
     IF cardinality(fields) = 0 THEN
         RETURN '';
     END IF;
-    RETURN atlantis.limit_value(decl, args, fields)::text;
+    RETURN atlantis.key_digest(atlantis.limit_value(decl, args, fields)::text);
 END
 $$;
 
@@ -1910,7 +2018,8 @@ $$;
 
 -- The limits that apply to a row of `decl` on queue `q` with `args` now, in one fixed order
 -- (the job's, as declared, then its queue's): its key (what the advisory lock and
--- atlantis.limit_starts are keyed on), kind, N, period (rate), `by` fields and their
+-- atlantis.limit_starts are keyed on: the digest of the job, kind and values, migration
+-- 0021), kind, N, period (rate), `by` fields and their
 -- values, scope (`group`: one of the row's by-values; `job`: all of its job; `queue`: all
 -- of its queue), the label operators read, and whether its `by` fields are all of the
 -- group's (`whole`: rows of the same key have the same limit_group). PL/pgSQL of simple
@@ -1949,10 +2058,10 @@ BEGIN
                           || r.fields[k] || '=' || v::text;
                 label_by := label_by || CASE WHEN k > 1 THEN ', ' ELSE ' by ' END
                             || r.fields[k] || '='
-                            || CASE WHEN jsonb_typeof(v) = 'string' THEN v #>> '{}'
-                                    ELSE v::text END;
+                            || atlantis.key_text(CASE WHEN jsonb_typeof(v) = 'string'
+                                                      THEN v #>> '{}' ELSE v::text END);
             END LOOP;
-            r.key := decl.job || ' ' || r.kind || key_by;
+            r.key := atlantis.key_digest(decl.job || ' ' || r.kind || key_by);
             r.scope := CASE WHEN cardinality(r.fields) = 0 THEN 'job' ELSE 'group' END;
             r.label := r.kind || ' ' || r.n
                        || CASE WHEN r.kind = 'rate'
@@ -1995,7 +2104,7 @@ LANGUAGE sql STABLE AS $$
     SELECT r.id FROM atlantis.jobs r
      WHERE scope <> 'queue' AND whole AND r.state = 'running' AND r.limit_group IS NOT NULL
        AND r.job = decl.job AND r.limit_group = CASE WHEN cardinality(by) = 0 THEN ''
-                                                     ELSE val::text END
+                                                     ELSE atlantis.key_digest(val::text) END
     UNION ALL
     SELECT r.id FROM atlantis.jobs r
      WHERE scope <> 'queue' AND NOT whole AND r.state = 'running' AND r.limit_group IS NOT NULL
@@ -2062,7 +2171,8 @@ BEGIN
             ELSIF l.whole THEN
                 SELECT count(*) INTO cnt FROM atlantis.jobs r
                  WHERE r.state = 'running' AND r.limit_group IS NOT NULL AND r.job = NEW.job
-                   AND r.limit_group = CASE WHEN l.scope = 'job' THEN '' ELSE l.val::text END;
+                   AND r.limit_group = CASE WHEN l.scope = 'job' THEN ''
+                                            ELSE atlantis.key_digest(l.val::text) END;
             ELSE
                 SELECT count(*) INTO cnt
                   FROM atlantis.limit_holders(decl, NEW.queue, l.scope, l.fields, l.val, false);

@@ -114,7 +114,8 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.limit_value(atlantis.job_types, jsonb, text[]),"
     " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean),"
     " atlantis.limit_fields(jsonb),"
-    " atlantis.limit_period_text(interval)"
+    " atlantis.limit_period_text(interval),"
+    " atlantis.key_digest(text), atlantis.key_text(text)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.

@@ -19,6 +19,7 @@ class Queries:
     sync_job_type: LiteralString
     claim: LiteralString
     claim_limited: LiteralString
+    claim_isolate: LiteralString
     limit_mark: LiteralString
     limit_sweep: LiteralString
     limit_usage: LiteralString

@@ -52,6 +52,13 @@ SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_
   FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
                               %(after)s) AS c
 
+-- name: claim_isolate
+-- A claim failed on a row's data: the rows it would try, tried one by one; those whose
+-- claim fails end dead, kind `claim` (atlantis.claim_isolate, migration 0021).
+SELECT id, error
+  FROM atlantis.claim_isolate(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text,
+                              %(limit)s::int, %(limited)s::text[], %(rejected)s::text[])
+
 -- name: renew
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
 -- also record it, and sample it into progress_history (at most one sample a second, the

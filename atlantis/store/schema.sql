@@ -117,6 +117,14 @@ CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n intege
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: claim_isolate(text[], text[], text, integer, text[], text[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.claim_isolate(queues text[], jobs text[], worker text, n integer, limited text[], rejected text[]) RETURNS TABLE(id bigint, error text)
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: claim_limited(text[], text[], text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -200,6 +208,22 @@ CREATE FUNCTION atlantis.job_type(job_name text) RETURNS atlantis.job_types
 
 CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
     LANGUAGE plpgsql IMMUTABLE STRICT
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: key_digest(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.key_digest(key text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
+-- Name: key_text(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.key_text(key text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
@@ -1164,7 +1188,7 @@ CREATE INDEX jobs_state_queue_idx ON atlantis.jobs USING btree (state, queue);
 -- Name: jobs_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE UNIQUE INDEX jobs_unique_idx ON atlantis.jobs USING btree (job, unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['available'::text, 'running'::text])));
+CREATE UNIQUE INDEX jobs_unique_idx ON atlantis.jobs USING btree (job, atlantis.key_digest(unique_key)) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['available'::text, 'running'::text])));
 
 --
 -- Name: jobs_workflow_idx; Type: INDEX; Schema: atlantis; Owner: -
@@ -1218,7 +1242,7 @@ CREATE INDEX workflow_instances_state_idx ON atlantis.workflow_instances USING b
 -- Name: workflow_instances_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
-CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances USING btree (workflow, unique_key) WHERE ((unique_key IS NOT NULL) AND (dismissed_at IS NULL) AND (state = ANY (ARRAY['running'::text, 'compensating'::text, 'compensation_failed'::text])));
+CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances USING btree (workflow, atlantis.key_digest(unique_key)) WHERE ((unique_key IS NOT NULL) AND (dismissed_at IS NULL) AND (state = ANY (ARRAY['running'::text, 'compensating'::text, 'compensation_failed'::text])));
 
 --
 -- Name: jobs_state_queue_stats; Type: STATISTICS; Schema: atlantis; Owner: -

@@ -217,6 +217,25 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
     return LimitedClaim(rows, wake_in, cursor)
 
 
+@dataclass(frozen=True, slots=True)
+class BuriedRow:
+    id: int
+    error: str
+
+
+async def claim_isolate(db: Connection, worker: str, queues: list[str], jobs: list[str],
+                        limit: int, timeout: float, limited: Sequence[str],
+                        rejected: Sequence[str]) -> list[BuriedRow]:
+    """After a claim failed on a row's data: try the rows the claims would take, one by one
+    (up to ``limit`` plain rows a queue and the first of each limited group); those whose
+    claim fails with an error of the SQLSTATE classes ``rejected`` end ``dead`` (kind
+    ``claim``). Returns them, with the cause."""
+    return await db.fetch_rows(BuriedRow, Q.claim_isolate, {
+        "queues": queues, "jobs": jobs, "worker": worker, "limit": limit,
+        "limited": list(limited), "rejected": list(rejected),
+    }, timeout=timeout, transaction=True)
+
+
 async def release_orphans(db: Connection, worker: str, known: list[int]) -> list[ReleasedRow]:
     """Give back rows ``worker`` claimed that are none of ``known`` (a lost claim's)."""
     return await db.fetch_rows(ReleasedRow, Q.release_orphans,

@@ -34,6 +34,11 @@ that serves no limited job. So that its children still fall idle for limited row
 The limits themselves are held by the database (the trigger jobs_limit_claim). No NOTIFY
 announces that a rate window ended or that a contended key came free: the claim says when
 to look again (``wake_in``), and the claimer comes back then.
+
+One row never stops the claims of its queue: a claim that fails on a row's data
+(:class:`StatementRejected`) fails whole, so the claimer then has the rows it would take
+tried one by one (``atlantis.claim_isolate``); those no claim can take end ``dead`` with
+error kind ``claim``, and the claims go on at once.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from atlantis.store import supervision as sql
 from atlantis.store.supervision import ClaimedRow
 from atlantis.supervisor import policy, tracing
 from atlantis.supervisor.attempts import Attempt
-from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.db import DATA_ERROR_CLASSES, DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.supervisor.settings import Settings
@@ -137,9 +142,31 @@ class Claimer(Service):
             except StatementRejected as exc:
                 log.error("a claim was refused by the database: %s", exc)
                 rt.idle_for_limited = 0
+                if await self._isolate():
+                    rt.wake.set()  # the rows it could not take are out of the way: again now
+                    failures = 0
+                    continue
                 failures += 1
                 continue
             failures = 0
+
+    async def _isolate(self) -> bool:
+        """A claim failed on a row's data, and with it every row of its queues: find the
+        rows no claim can take and end them ``dead`` (kind ``claim``), so that the rest of the
+        queue runs (``atlantis.claim_isolate``). Returns whether any was found."""
+        rt = self.rt
+        queues = [q for q in rt.settings.queues if q not in rt.paused]
+        try:
+            buried = await sql.claim_isolate(
+                self.db, rt.worker_id, queues, self.jobs(),
+                rt.settings.concurrency + rt.settings.ahead, rt.settings.claim_timeout,
+                sorted(rt.limited_jobs), DATA_ERROR_CLASSES)
+        except (DatabaseUnavailable, StatementRejected) as exc:
+            log.error("could not look for the row the claim failed on: %s", exc)
+            return False
+        for row in buried:
+            log.error("job=%d: ends dead (kind claim): %s", row.id, row.error)
+        return bool(buried)
 
     def _ahead(self) -> int:
         """How many rows to hold ahead of need now (none after held rows went stale)."""

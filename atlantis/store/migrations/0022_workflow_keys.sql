@@ -24,7 +24,8 @@ UPDATE atlantis.workflow_instances i
    SET dismissed_at = now(), dismissed_by = 'migration 0022'
  WHERE i.unique_key IS NOT NULL AND i.state = 'compensation_failed'
    AND EXISTS (SELECT 1 FROM atlantis.workflow_instances h
-                WHERE h.workflow = i.workflow AND h.unique_key = i.unique_key AND h.id <> i.id
+                WHERE h.workflow = i.workflow AND h.id <> i.id
+                  AND atlantis.key_digest(h.unique_key) = atlantis.key_digest(i.unique_key)
                   AND (h.state IN ('running', 'compensating')
                        OR (h.state = 'compensation_failed' AND h.id > i.id)));
 
@@ -35,7 +36,7 @@ ALTER TABLE atlantis.workflow_instances
 
 DROP INDEX atlantis.workflow_instances_unique_idx;
 CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances
-    (workflow, unique_key)
+    (workflow, atlantis.key_digest(unique_key))  -- a digest: keys of any length (0021)
     WHERE unique_key IS NOT NULL AND dismissed_at IS NULL
       AND state IN ('running', 'compensating', 'compensation_failed');
 
