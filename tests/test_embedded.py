@@ -190,3 +190,26 @@ def test_as_root_a_home_too_long_for_the_socket_is_refused(base: Path) -> None:
     with pytest.raises(ConfigurationError, match="too long for the embedded PostgreSQL"):
         embedded_url(home)
     assert not home.exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("name", ["a home", "it's", "k=v&x=%41#"],
+                         ids=["space", "quote", "equals"])
+def test_a_home_with_a_space_quote_or_equals_works(base: Path, name: str) -> None:
+    """The socket folder is quoted for pg_ctl's shell and PostgreSQL's list of folders, and
+    percent-encoded in the URL."""
+    home = base / name
+    url = start(home)
+    pgdata = home / "pgdata"
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    assert row is not None and Path(row[0]) == pgdata.resolve()
+    assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(pgdata)
+
+
+@pytest.mark.parametrize("name", ['a"b', "a$b", "a`b", "a\\b", "a\nb", "a,b"])
+def test_a_home_the_server_cannot_take_is_refused_before_anything_is_made(
+        base: Path, name: str) -> None:
+    home = base / name
+    with pytest.raises(ConfigurationError, match="cannot take in a path"):
+        embedded_url(home)
+    assert not home.exists()
