@@ -25,6 +25,7 @@ import pytest
 
 from atlantis.errors import ConfigurationError
 from atlantis.store.embedded import SERVER_USER, embedded_url
+from chaos.server import OwnServer
 from tests.conftest import ROOT
 
 START = "import sys; from pathlib import Path; from atlantis.store.embedded import embedded_url; " \
@@ -213,3 +214,16 @@ def test_a_home_the_server_cannot_take_is_refused_before_anything_is_made(
     with pytest.raises(ConfigurationError, match="cannot take in a path"):
         embedded_url(home)
     assert not home.exists()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the server runs as another user only as root")
+def test_a_server_under_a_folder_closed_to_others_restarts(base: Path) -> None:
+    """Under a ``mktemp -d`` folder (0700, root:root; made 0701 to let the server user
+    through), every program run as the server user has that user's own group: with
+    root's group, the group bits (none) applied and ``pg_ctl`` could not pass."""
+    base.chmod(0o700)
+    with OwnServer.create(prefix="atl-c", parent=base) as own:
+        own.restart()
+        assert own.running()
+        with psycopg.connect(own.admin_url, connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)

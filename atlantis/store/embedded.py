@@ -284,6 +284,18 @@ def _ensure_user(username: str) -> Any:
     return pwd.getpwnam(username)
 
 
+def as_server_user() -> dict[str, Any]:
+    """``subprocess`` arguments that run a program as the server's system user: as root,
+    that user with its own group and no other (``user=`` alone keeps root's groups, and a
+    folder made passable for others only, such as a 0701 ``mktemp -d`` parent, is closed
+    to group root); unprivileged, none (the program runs as this user)."""
+    if not _as_root():
+        return {}
+    ensure_server_user()
+    uid, gid, _ = _server_ids()
+    return {"user": uid, "group": gid, "extra_groups": []}
+
+
 def _own_groups(pgexec: Any) -> Any:
     """The wheel's ``pgexec`` (initdb, pg_ctl, ...), run as the server user with that user's
     group only: the wheel passes ``user=`` alone to subprocess, which keeps root's groups
@@ -291,8 +303,7 @@ def _own_groups(pgexec: Any) -> Any:
 
     def run(command: str, args: Any, bin_path: Path, **kwargs: Any) -> Any:
         if kwargs.get("user") is not None:
-            kwargs.setdefault("group", _server_ids()[1])
-            kwargs.setdefault("extra_groups", [])
+            kwargs.update(as_server_user())
         if command == "pg_ctl":
             args = [_quote_socket_option(a) for a in args]
         return pgexec(command, args, bin_path, **kwargs)
