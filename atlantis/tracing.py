@@ -84,6 +84,37 @@ def _ctx(ctx: Any) -> list[Any] | None:
     return [f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", int(ctx.trace_flags)]
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+_DROP = object()
+
+
+def _attribute(value: Any) -> Any:
+    """An attribute value as JSON can carry it and OTLP can export it. The SDK also takes
+    bytes and integers past 64 bits, which neither can: bytes become text (undecodable
+    bytes as ``\\xNN``), such an integer its decimal text. Anything else is dropped."""
+    if isinstance(value, str | bool | float):
+        return value
+    if isinstance(value, int):
+        return value if _INT64[0] <= value <= _INT64[1] else str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, list | tuple):
+        items = [_attribute(v) for v in value]
+        return items if _DROP not in items else _DROP
+    return _DROP
+
+
+def _attributes(attributes: Any) -> dict[str, Any]:
+    """A span's (or an event's, a link's) attributes: one value that cannot travel costs
+    that value (converted or dropped), never the span, let alone the attempt's spans."""
+    out = {}
+    for key, value in dict(attributes or {}).items():
+        clean = _attribute(value)
+        if clean is not _DROP:
+            out[str(key)] = clean
+    return out
+
+
 def encode_spans(spans: Iterable[ReadableSpan], limit: int) -> tuple[str | None, int]:
     """Finished spans as one JSON text of at most ``limit`` characters (the spans that do
     not fit are left out), and how many were left out."""
@@ -95,12 +126,12 @@ def encode_spans(spans: Iterable[ReadableSpan], limit: int) -> tuple[str | None,
         one = orjson.dumps({
             "n": span.name, "c": _ctx(span.context), "p": _ctx(span.parent),
             "k": span.kind.value, "s": span.start_time, "e": span.end_time,
-            "a": dict(span.attributes or {}),
-            "v": [[e.name, e.timestamp, dict(e.attributes or {})] for e in span.events],
-            "l": [[_ctx(li.context), dict(li.attributes or {})] for li in span.links],
+            "a": _attributes(span.attributes),
+            "v": [[e.name, e.timestamp, _attributes(e.attributes)] for e in span.events],
+            "l": [[_ctx(li.context), _attributes(li.attributes)] for li in span.links],
             "st": [span.status.status_code.value, span.status.description],
             "sc": [scope.name, scope.version] if scope is not None else None,
-        }, option=orjson.OPT_NON_STR_KEYS)
+        })
         if size + len(one) + 1 > limit:
             dropped += 1
             continue

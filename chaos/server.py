@@ -5,7 +5,8 @@ or test shares must never be restarted under them, so each of these gets its own
 folder in a short temporary directory (unix socket paths stay under about 100 bytes).
 The embedded wheel initialises and first starts it (``atlantis.store.embedded.start``, the
 suite's major); from then on its ``pg_ctl`` stops and starts it, as the server's own system
-user when we are root, as the wheel does.
+user with that user's own group when we are root (``embedded.as_server_user``), as atlantis
+runs the wheel's commands.
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ class OwnServer:
     _pgserver: Any = None
 
     @classmethod
-    def create(cls, prefix: str = "atl-s", major: int | None = None) -> OwnServer:
-        """Initialise and start a new server in a fresh folder under /tmp (``major``: the
-        suite's, ``ATLANTIS_TEST_PG``, else the embedded default)."""
-        home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    def create(cls, prefix: str = "atl-s", major: int | None = None,
+               parent: Path = Path("/tmp")) -> OwnServer:
+        """Initialise and start a new server in a fresh folder under ``parent`` (``major``:
+        the suite's, ``ATLANTIS_TEST_PG``, else the embedded default)."""
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         home.chmod(0o755)  # the server's own user (as root: ``pgserver``) must pass through
         try:
             server = embedded.start(home / "pgdata", major=major or suite_major(),
@@ -84,9 +86,10 @@ class OwnServer:
     def pg_ctl(self, *args: str, timeout: float = 60) -> None:
         # pg_ctl's output stays out of pipes: the postmaster inherits them and would hold
         # them open.
+        as_user = embedded.as_server_user() if self.system_user is not None else {}
         subprocess.run([str(embedded.bin_dir(self.major) / "pg_ctl"), "-D", str(self.pgdata), *args],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       user=self.system_user, timeout=timeout)
+                       timeout=timeout, **as_user)
 
     def stop(self, mode: str = "fast") -> None:
         """``fast``: every session is terminated, as in a restart under systemd;

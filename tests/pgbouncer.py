@@ -25,12 +25,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from atlantis.store import embedded
 from atlantis.store.embedded import SERVER_USER
 
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
@@ -209,12 +209,7 @@ def restart_server(home: Path) -> None:
     from tests.conftest import pg_bin
 
     data = next(home.rglob("postmaster.pid")).parent
-    kwargs: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        import pwd
-
-        entry = pwd.getpwnam(SERVER_USER)
-        kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+    kwargs = embedded.as_server_user()
     subprocess.run([str(pg_bin() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60",
                     "-l", str(data / "restart.log"), "restart"], check=True, timeout=90,
                    cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)

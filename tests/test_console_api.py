@@ -222,6 +222,33 @@ def test_private_login_cookie_and_csrf(db: psycopg.Connection[Any], client: Clie
     assert wait_state(db, job_id, "cancelled")["cancelled_by"] == "console:ops-team"
 
 
+def test_a_non_ascii_cookie_or_csrf_token_is_refused_not_a_500(
+        db: psycopg.Connection[Any], client: Client) -> None:
+    """A cookie any other app on 127.0.0.1 can set, and a CSRF token a client sends, may hold
+    any byte: a bad cookie is anonymous, a bad CSRF token a 403, never a traceback."""
+    job_id = enqueue(db, "console.Import", account_id="acme")
+    bad_cookie = {"Cookie": b"atlantis_console=abc.\xe9\xe9"}
+    open_console = client(token=True)
+    assert open_console.get("/api/jobs", headers=bad_cookie).status_code == 200
+    assert open_console.get("/jobs", headers=bad_cookie).status_code == 200
+    assert open_console.post(f"/api/jobs/{job_id}/cancel",
+                             headers=bad_cookie).status_code == 403
+    c = client(token=True, private=True)
+    assert c.get("/api/jobs", headers=bad_cookie).status_code == 401
+    r = c.get("/jobs", headers=bad_cookie, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/login")
+    r = c.post("/login", data={"token": "s\u00e9cret", "next": "/jobs"})
+    assert r.status_code == 403
+    r = c.post("/login", data={"token": SECRET, "next": "/jobs"}, follow_redirects=False)
+    assert r.status_code == 303
+    assert c.get(f"/jobs/{job_id}").status_code == 200
+    assert c.post(f"/api/jobs/{job_id}/cancel",
+                  headers={"X-CSRF-Token": b"\xe9\xe9"}).status_code == 403
+    assert c.post(f"/jobs/{job_id}/cancel", data={"csrf": "\u00e9\u00e9"}).status_code == 403
+    assert db.execute("SELECT state FROM atlantis.jobs WHERE id = %s",
+                      (job_id,)).fetchone() == ("available",)
+
+
 def test_args_redact_and_escaping(db: psycopg.Connection[Any], client: Client,
                                   supervise: Callable[..., Any]) -> None:
     job_id = enqueue(db, "console.Import", account_id="acme", secret="hunter2",

@@ -25,6 +25,7 @@ import pytest
 
 from atlantis.errors import ConfigurationError
 from atlantis.store.embedded import SERVER_USER, embedded_url
+from chaos.server import OwnServer
 from tests.conftest import ROOT
 
 START = "import sys; from pathlib import Path; from atlantis.store.embedded import embedded_url; " \
@@ -190,3 +191,39 @@ def test_as_root_a_home_too_long_for_the_socket_is_refused(base: Path) -> None:
     with pytest.raises(ConfigurationError, match="too long for the embedded PostgreSQL"):
         embedded_url(home)
     assert not home.exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("name", ["a home", "it's", "k=v&x=%41#"],
+                         ids=["space", "quote", "equals"])
+def test_a_home_with_a_space_quote_or_equals_works(base: Path, name: str) -> None:
+    """The socket folder is quoted for pg_ctl's shell and PostgreSQL's list of folders, and
+    percent-encoded in the URL."""
+    home = base / name
+    url = start(home)
+    pgdata = home / "pgdata"
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    assert row is not None and Path(row[0]) == pgdata.resolve()
+    assert psycopg.conninfo.conninfo_to_dict(url)["host"] == str(pgdata)
+
+
+@pytest.mark.parametrize("name", ['a"b', "a$b", "a`b", "a\\b", "a\nb", "a,b"])
+def test_a_home_the_server_cannot_take_is_refused_before_anything_is_made(
+        base: Path, name: str) -> None:
+    home = base / name
+    with pytest.raises(ConfigurationError, match="cannot take in a path"):
+        embedded_url(home)
+    assert not home.exists()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the server runs as another user only as root")
+def test_a_server_under_a_folder_closed_to_others_restarts(base: Path) -> None:
+    """Under a ``mktemp -d`` folder (0700, root:root; made 0701 to let the server user
+    through), every program run as the server user has that user's own group: with
+    root's group, the group bits (none) applied and ``pg_ctl`` could not pass."""
+    base.chmod(0o700)
+    with OwnServer.create(prefix="atl-c", parent=base) as own:
+        own.restart()
+        assert own.running()
+        with psycopg.connect(own.admin_url, connect_timeout=10) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)

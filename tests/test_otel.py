@@ -197,6 +197,28 @@ def test_a_failed_attempt_says_so_on_its_span(
     assert work["parent_id"] == attempt["context"]["span_id"]
 
 
+def test_an_attribute_json_cannot_carry_costs_only_that_value(
+        traced_db: psycopg.Connection[Any], supervise: Any, tmp_path: Path,
+        tracer: tuple[trace.Tracer, InMemorySpanExporter]) -> None:
+    """A bytes value and an integer past 64 bits (the SDK takes both) are converted to
+    text; the span that holds them and the attempt's other spans all arrive."""
+    otel, _ = tracer
+    with otel.start_as_current_span("request"):
+        job_id = atlantis.enqueue(traced_db, "traced.Work", {"key": "odd", "odd": True})
+    path = tmp_path / "spans.jsonl"
+    supervise(app=APP, queues=QUEUES, concurrency=1, env={"ATLANTIS_TEST_SPANS": str(path)})
+    wait_state(traced_db, job_id, "complete")
+    spans = _wait_spans(path, "atlantis.attempt traced.Work", "handler.work", "handler.inner")
+    (work,) = _named(spans, "handler.work")
+    (inner,) = _named(spans, "handler.inner")
+    assert work["attributes"]["test.key"] == "odd"
+    assert inner["parent_id"] == work["context"]["span_id"]
+    assert inner["attributes"]["test.bytes"] == "ab\\xff"
+    assert inner["attributes"]["test.huge"] == str(2**70)
+    assert [(e["name"], e["attributes"]) for e in inner["events"]] == [
+        ("odd", {"test.bytes": "cd", "test.n": 1})]
+
+
 @pytest.mark.parametrize("context", [None, {"traceparent": "00-not-a-context"},
                                      {"traceparent": 5, "tracestate": ["x"]}],
                          ids=["none", "malformed", "not-text"])

@@ -65,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-fd", type=int, required=True,
                         help="the lease cell: a memfd shared with the supervisor "
                              "(atlantis.protocol.leasecell)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the pid of the process that started this one (the "
+                             "supervisor); by hand, this process's parent at start")
     opts = parser.parse_args(argv)
-    die_with_parent()
+    die_with_parent(opts.parent_pid if opts.parent_pid is not None else os.getppid())
     for fd in (opts.control_fd, opts.events_fd, opts.lease_fd):
         os.set_inheritable(fd, False)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -42,8 +42,9 @@ def _prctl() -> Callable[..., int] | None:
     return prctl
 
 
-def die_with_parent() -> None:
-    """Have the kernel signal this process when its parent (the supervisor) dies.
+def die_with_parent(parent: int) -> None:
+    """Have the kernel signal this process when its parent (the supervisor, or the zygote
+    that forked it: pid ``parent``) dies.
 
     The signal is a dedicated real-time one with a handler that kills this process's whole
     tree, not a bare SIGKILL: SIGKILL would end this process at once and orphan the
@@ -56,7 +57,10 @@ def die_with_parent() -> None:
     prctl = _prctl()
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    # The parent died before prctl took effect: we were re-parented. Compared with the pid
+    # we were started by, never with 1: a supervisor may itself be PID 1 (a container
+    # without an init), and a subreaper adopts orphans as well.
+    if os.getppid() != parent:
         os._exit(EXIT_ORPHANED)
 
 

@@ -83,7 +83,7 @@ def _send(sock: socket.socket, msg: FromZygote) -> None:
 
 
 def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int, lease_fd: int,
-            registry: Registry) -> NoReturn:
+            registry: Registry, zygote: int) -> NoReturn:
     """In the forked worker: become a session leader with its own output, then serve."""
     code = 1
     try:
@@ -97,7 +97,7 @@ def _worker(control_fd: int, events_fd: int, out_fd: int, err_fd: int, lease_fd:
                 os.close(fd)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        _die_with_parent()
+        _die_with_parent(zygote)
         code = serve(registry, control_fd, events_fd, lease_fd, reused=False)
     finally:
         try:
@@ -159,6 +159,7 @@ def _fork(sock: socket.socket, msg: Fork, fds: list[int], registry: Registry) ->
     """Fork a worker serving on ``fds``; its pid, or None if the system refused."""
     sys.stdout.flush()
     sys.stderr.flush()
+    zygote = os.getpid()
     for delay in (*_FORK_RETRIES, None):
         try:
             pid = os.fork()
@@ -170,7 +171,7 @@ def _fork(sock: socket.socket, msg: Fork, fds: list[int], registry: Registry) ->
             continue
         if pid == 0:
             sock.close()
-            _worker(fds[0], fds[1], fds[2], fds[3], fds[4], registry)
+            _worker(fds[0], fds[1], fds[2], fds[3], fds[4], registry, zygote)
         return pid
     return None  # pragma: no cover - the loop always returns
 
@@ -179,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="atlantis-zygote")
     parser.add_argument("--app", required=True)
     parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="the supervisor's pid; by hand, this process's parent at start")
     opts = parser.parse_args(argv)
-    _die_with_parent()
+    _die_with_parent(opts.parent_pid if opts.parent_pid is not None else os.getppid())
     os.set_inheritable(opts.socket_fd, False)
     sock = socket.socket(fileno=opts.socket_fd)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -53,8 +53,15 @@ def new_session(token: Token) -> str:
     return f"{nonce}.{_sign(token, 'session', nonce)}"
 
 
+def _same(offered: str, expected: str) -> bool:
+    """Constant-time equality of two texts compared as bytes: ``hmac.compare_digest``
+    refuses text that is not ASCII, and a cookie or header is whatever a client sent."""
+    return hmac.compare_digest(offered.encode("utf-8", "surrogateescape"),
+                               expected.encode("utf-8", "surrogateescape"))
+
+
 def check_secret(token: Token, offered: str) -> bool:
-    return hmac.compare_digest(offered.encode(), token.secret.encode())
+    return _same(offered, token.secret)
 
 
 def identify(request: Request, settings: Settings) -> Principal:
@@ -69,7 +76,7 @@ def identify(request: Request, settings: Settings) -> Principal:
         return Principal(None, None, bad_credentials=True)
     cookie = request.cookies.get(COOKIE, "")
     nonce, _, sig = cookie.partition(".")
-    if nonce and sig and hmac.compare_digest(sig, _sign(token, "session", nonce)):
+    if nonce and sig and _same(sig, _sign(token, "session", nonce)):
         return Principal("cookie", token.label, csrf=_sign(token, "csrf", nonce))
     return ANONYMOUS
 
@@ -79,5 +86,5 @@ def csrf_ok(principal: Principal, offered: str | None) -> bool:
     if principal.via == "bearer":
         return True
     if principal.via == "cookie" and principal.csrf and offered:
-        return hmac.compare_digest(principal.csrf, offered)
+        return _same(offered, principal.csrf)
     return False

@@ -99,11 +99,64 @@ def embedded_url(home: Path | None = None, *, major: int = DEFAULT_MAJOR) -> str
     data = home / "pgdata"
     if _as_root():  # refused before anything is created (see _socket_dir)
         _socket_fits(data)
+    _path_safe(home)
+    home_made = not home.exists()
     _private_dir(home)
     found = home_major(data)
     _check_major(found if found is not None else major, data if found is not None else None)
-    server = start(data, major=found or major, cleanup_mode=None)
-    return str(server.get_uri())
+    made = found is None and not data.exists()
+    try:
+        server = start(data, major=found or major, cleanup_mode=None)
+    except BaseException:
+        if made:
+            _remove_unstarted(data, home if home_made else None)
+        raise
+    return socket_url(server)
+
+
+def socket_url(server: Any) -> str:
+    """The URL of a server the wheel started (``server``), its socket folder percent-encoded:
+    the wheel writes the folder as it is into ``?host=``, which a path with ``=``, ``&``,
+    ``%``, ``#`` or a space turns into a URL libpq reads otherwise or refuses."""
+    from urllib.parse import quote
+
+    socket_dir = server.get_postmaster_info().socket_dir
+    if socket_dir is None:
+        return str(server.get_uri())
+    return f"postgresql://postgres:@/postgres?host={quote(str(socket_dir), safe='/')}"
+
+
+def _remove_unstarted(data: Path, home: Path | None) -> None:
+    """Remove a data folder this call initialised and could not start (and ``home``, when
+    this call created it), unless a server runs on it meanwhile (another command started
+    it): a failed first start leaves no half-made home behind."""
+    import shutil
+
+    if (data / "postmaster.pid").exists():
+        return
+    shutil.rmtree(data, ignore_errors=True)
+    if home is not None:
+        try:
+            home.rmdir()  # only if empty
+        except OSError:
+            pass
+
+
+#: What the embedded server cannot take in its data folder's path: ``pg_ctl`` writes the
+#: path between double quotes into a ``/bin/sh`` command line, ``postmaster.pid`` is read
+#: by lines, and libpq reads a comma in ``host`` as a list of hosts, even percent-encoded.
+#: Spaces, ``'``, ``=`` and the rest are fine.
+_PATH_UNSAFE = frozenset('"$`\\\n\r,')
+
+
+def _path_safe(home: Path) -> None:
+    bad = sorted(set(str(home)) & _PATH_UNSAFE)
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ConfigurationError(
+            f"{environ.HOME} {str(home)!r} holds {shown}, which the embedded PostgreSQL "
+            f"cannot take in a path; set an {environ.HOME} without \", $, `, \\, a comma "
+            f"or a line break")
 
 
 def start(data: Path, *, major: int, cleanup_mode: str | None) -> Any:
@@ -231,6 +284,18 @@ def _ensure_user(username: str) -> Any:
     return pwd.getpwnam(username)
 
 
+def as_server_user() -> dict[str, Any]:
+    """``subprocess`` arguments that run a program as the server's system user: as root,
+    that user with its own group and no other (``user=`` alone keeps root's groups, and a
+    folder made passable for others only, such as a 0701 ``mktemp -d`` parent, is closed
+    to group root); unprivileged, none (the program runs as this user)."""
+    if not _as_root():
+        return {}
+    ensure_server_user()
+    uid, gid, _ = _server_ids()
+    return {"user": uid, "group": gid, "extra_groups": []}
+
+
 def _own_groups(pgexec: Any) -> Any:
     """The wheel's ``pgexec`` (initdb, pg_ctl, ...), run as the server user with that user's
     group only: the wheel passes ``user=`` alone to subprocess, which keeps root's groups
@@ -238,12 +303,34 @@ def _own_groups(pgexec: Any) -> Any:
 
     def run(command: str, args: Any, bin_path: Path, **kwargs: Any) -> Any:
         if kwargs.get("user") is not None:
-            kwargs.setdefault("group", _server_ids()[1])
-            kwargs.setdefault("extra_groups", [])
+            kwargs.update(as_server_user())
+        if command == "pg_ctl":
+            args = [_quote_socket_option(a) for a in args]
         return pgexec(command, args, bin_path, **kwargs)
 
     run._atlantis = True  # type: ignore[attr-defined]
     return run
+
+
+_WHEEL_SOCKET_OPTION = '-h "" -k '
+
+
+def _quote_socket_option(arg: str) -> str:
+    """The wheel's ``pg_ctl -o '-h "" -k DIR'`` with DIR quoted.
+
+    ``pg_ctl`` hands ``-o`` to ``/bin/sh``, and PostgreSQL reads ``-k`` as a list of folders
+    separated by commas; the wheel writes DIR bare, so a space or a ``'`` in the home's
+    path broke the start. DIR becomes one shell word, and one list entry (double-quoted,
+    PostgreSQL's quoting, when it holds a comma or ends in a space: :func:`embedded_url`
+    refuses a comma, a caller of :func:`start` may not); a plain DIR stays as it was."""
+    if not arg.startswith(_WHEEL_SOCKET_OPTION):
+        return arg
+    import shlex
+
+    entry = arg[len(_WHEEL_SOCKET_OPTION):]
+    if "," in entry or entry != entry.strip():
+        entry = '"' + entry.replace('"', '""') + '"'
+    return _WHEEL_SOCKET_OPTION + shlex.quote(entry)
 
 
 def _server_ids() -> tuple[int, int, set[int]]:

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from atlantis.errors import ConfigurationError
 from atlantis.store import embedded
@@ -109,14 +108,6 @@ def _checksums(data: Path, major: int) -> bool:
     return bool(found and found.group(1) != "0")
 
 
-def _server_user() -> dict[str, Any]:
-    """subprocess's arguments that run a program as the server's system user (as root)."""
-    if os.geteuid() != 0:
-        return {}
-    uid, gid, _ = embedded._server_ids()
-    return {"user": uid, "group": gid, "extra_groups": []}
-
-
 def _own(folder: Path) -> None:
     if os.geteuid() == 0:
         uid, gid, _ = embedded._server_ids()
@@ -126,7 +117,7 @@ def _own(folder: Path) -> None:
 def _run(program: Path, *args: str, cwd: Path) -> str:
     try:
         done = subprocess.run([str(program), *args], cwd=cwd, capture_output=True, text=True,
-                              check=True, timeout=3600, **_server_user())
+                              check=True, timeout=3600, **embedded.as_server_user())
     except subprocess.CalledProcessError as exc:
         said = (exc.stdout or "") + (exc.stderr or "")
         last = [line for line in said.splitlines() if line.strip()][-6:]

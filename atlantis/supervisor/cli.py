@@ -37,6 +37,7 @@ from atlantis.store.database import (
     resolve_url,
 )
 from atlantis.supervisor import logformat
+from atlantis.supervisor.init import stay_init_if_pid1
 from atlantis.supervisor.metrics import MetricsUnavailable
 from atlantis.supervisor.settings import from_options
 from atlantis.supervisor.settings import options as settings_options
@@ -71,6 +72,7 @@ def main(**values: Any) -> None:
     # import the app afresh. Without a handler, SIGHUP's default action would end us (a
     # handler, not SIG_IGN, which children would inherit).
     signal.signal(signal.SIGHUP, lambda signum, frame: None)
+    stay_init_if_pid1()  # as PID 1: supervise from a child, with these handlers
     logformat.setup(values.get("log_format") or "text")
     try:
         settings = from_options(values)

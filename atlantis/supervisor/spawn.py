@@ -100,7 +100,7 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
             proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.child", "--app", app,
                  "--control-fd", str(ctl_r), "--events-fd", str(ev_w),
-                 "--lease-fd", str(cell_fd)],
+                 "--lease-fd", str(cell_fd), "--parent-pid", str(os.getpid())],
                 pass_fds=(ctl_r, ev_w, cell_fd), stdin=subprocess.DEVNULL, stdout=out_w,
                 stderr=err_w,
                 start_new_session=True, env=env,

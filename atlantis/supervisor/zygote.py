@@ -60,7 +60,7 @@ class Zygote:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.child.zygote", "--app", app,
-                 "--socket-fd", str(theirs.fileno())],
+                 "--socket-fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env,

@@ -57,7 +57,11 @@ def work(ctx: atlantis.JobContext, args: Any) -> None:
     with tracer.start_as_current_span("handler.work") as span:
         span.set_attribute("test.key", args.key)
         ctx.checkpoint(10, "first page")
-        with tracer.start_as_current_span("handler.inner"):
+        with tracer.start_as_current_span("handler.inner") as inner:
             ctx.checkpoint(90, "last page")
+            if args.odd:  # values the SDK takes but neither JSON nor OTLP carries
+                inner.set_attribute("test.bytes", b"ab\xff")
+                inner.set_attribute("test.huge", 2**70)
+                inner.add_event("odd", {"test.bytes": b"cd", "test.n": 1})
         if args.fail:
             raise ValueError(f"failing {args.key} on purpose")
