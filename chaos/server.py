@@ -5,7 +5,7 @@ or test shares must never be restarted under them, so each of these gets its own
 folder in a short temporary directory (unix socket paths stay under about 100 bytes).
 The embedded wheel initialises and first starts it (``atlantis.store.embedded.start``, the
 suite's major); from then on its ``pg_ctl`` stops and starts it, as the server's own system
-user with that user's own group when we are root (``embedded.as_server_user``), as atlantis
+user with that user's own group when we are root (``server_user.as_server_user``), as atlantis
 runs the wheel's commands.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from atlantis import environ
-from atlantis.store import embedded
+from atlantis.store import embedded, server_user
 
 
 def suite_major() -> int:
@@ -86,7 +86,7 @@ class OwnServer:
     def pg_ctl(self, *args: str, timeout: float = 60) -> None:
         # pg_ctl's output stays out of pipes: the postmaster inherits them and would hold
         # them open.
-        as_user = embedded.as_server_user() if self.system_user is not None else {}
+        as_user = server_user.as_server_user() if self.system_user is not None else {}
         subprocess.run([str(embedded.bin_dir(self.major) / "pg_ctl"), "-D", str(self.pgdata), *args],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=timeout, **as_user)

@@ -209,6 +209,25 @@ def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]
         sup.stop(hurry=True)
 
 
+def child_processes(pid: int) -> set[int]:
+    """The live child processes of supervisor ``pid`` that run attempts (its lease keeper,
+    ``python -m atlantis.keeper``, left out)."""
+    import psutil
+
+    found: set[int] = set()
+    try:
+        for c in psutil.Process(pid).children():
+            try:
+                if (c.status() != psutil.STATUS_ZOMBIE
+                        and "atlantis.keeper" not in " ".join(c.cmdline())):
+                    found.add(c.pid)
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return found
+
+
 def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
     from psycopg.rows import dict_row
 

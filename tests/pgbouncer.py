@@ -30,8 +30,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from atlantis.store import embedded
-from atlantis.store.embedded import SERVER_USER
+from atlantis.store import server_user
+from atlantis.store.server_user import SERVER_USER
 
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
@@ -209,7 +209,7 @@ def restart_server(home: Path) -> None:
     from tests.conftest import pg_bin
 
     data = next(home.rglob("postmaster.pid")).parent
-    kwargs = embedded.as_server_user()
+    kwargs = server_user.as_server_user()
     subprocess.run([str(pg_bin() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "60",
                     "-l", str(data / "restart.log"), "restart"], check=True, timeout=90,
                    cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)

@@ -24,7 +24,8 @@ import psycopg
 import pytest
 
 from atlantis.errors import ConfigurationError
-from atlantis.store.embedded import SERVER_USER, embedded_url
+from atlantis.store.embedded import embedded_url
+from atlantis.store.server_user import SERVER_USER
 from chaos.server import OwnServer
 from tests.conftest import ROOT
 

@@ -147,7 +147,7 @@ def test_the_lease_cell_carries_the_lease_one_way_and_last_words_the_other(
 def test_last_words_are_read_safely_whatever_the_child_left_in_its_memory(
         cells: tuple[LeaseCell, LeaseCell, mmap.mmap]) -> None:
     ours, _, raw = cells
-    raw[8:16] = b"\xff\xff\xff\xff" + b"\xff\x00ab"  # a length past the page; not UTF-8, NUL
+    raw[16:24] = b"\xff\xff\xff\xff" + b"\xff\x00ab"  # a length past the page; not UTF-8, NUL
     words = ours.last_words()
     assert words.startswith("\\xffab") and len(words) <= MAX_WORDS
     orjson.dumps(words)

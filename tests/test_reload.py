@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import psycopg
 
 import atlantis
 from atlantis.declarations import parse_atl_file
 from atlantis.store import fleet, sync
-from tests.conftest import BIN, ROOT, wait_for, wait_state
+from tests.conftest import BIN, ROOT, child_processes, wait_for, wait_state
 
 QUEUE = "reload"
 APP = "reloadapp:registry"
@@ -85,14 +84,6 @@ def start(db: psycopg.Connection[Any], supervise: Callable[..., Any], root: Path
     return sup
 
 
-def children(pid: int) -> set[int]:
-    try:
-        return {c.pid for c in psutil.Process(pid).children()
-                if c.status() != psutil.STATUS_ZOMBIE}
-    except psutil.Error:
-        return set()
-
-
 def declared(db: psycopg.Connection[Any], job: str) -> bool:
     return db.execute("SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE job = %s)",
                       (job,)).fetchone() == (True,)
@@ -152,7 +143,7 @@ def test_an_app_that_fails_to_load_keeps_the_old_children_and_jobs(
     write_app(tmp_path, declared=("One",), handled=("One",))
     sup = start(db, supervise, tmp_path, concurrency=1)
     assert result(db, atlantis.enqueue(db, "reload.One", {"key": "a"}))["version"] == 1
-    before = children(sup.pid)
+    before = child_processes(sup.pid)
     assert len(before) == 1
 
     for n, broken in enumerate(("module", "atl"), start=1):
@@ -168,7 +159,7 @@ def test_an_app_that_fails_to_load_keeps_the_old_children_and_jobs(
         # The old child still serves, with the old code; nothing new was declared.
         job = atlantis.enqueue(db, "reload.One", {"key": f"b{n}"})
         assert result(db, job) == {"pid": next(iter(before)), "version": 1}
-        assert children(sup.pid) == before and not declared(db, "reload.Two")
+        assert child_processes(sup.pid) == before and not declared(db, "reload.Two")
         assert served(db, sup.pid) == ["reload.One"]
 
     # Fixed: the next reload goes through.

@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 import atlantis
-from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
+from tests.conftest import BIN, ROOT, child_processes, events, job_row, wait_for, wait_state
 
 APP = "tests.apps.process:registry"
 QUEUES = ("proc",)
@@ -48,13 +48,6 @@ def _gone(pid: int) -> bool:
 def _fields(text: str) -> dict[str, int]:
     """``a=1 b=2`` -> {"a": 1, "b": 2} (the pids handlers record)."""
     return {k: int(v) for k, v in (part.split("=", 1) for part in text.split() if "=" in part)}
-
-
-def _children(pid: int) -> set[int]:
-    try:
-        return {c.pid for c in psutil.Process(pid).children() if c.status() != psutil.STATUS_ZOMBIE}
-    except psutil.Error:
-        return set()
 
 
 def _event(db: psycopg.Connection[Any], key: str, prefix: str = "", timeout: float = 30.0) -> str:
@@ -135,7 +128,7 @@ def test_kill_9_of_the_supervisor_takes_idle_and_busy_children_and_their_trees_d
     for pid in pids.values():
         strays(pid)
     # All three children are up (two of them idle: no attempt to tie them to anything).
-    children = wait_for(lambda: len(c := _children(sup.pid)) == 3 and c, message="three children")
+    children = wait_for(lambda: len(c := child_processes(sup.pid)) == 3 and c, message="three children")
     for pid in children:
         strays(pid)
     assert pids["child"] in children
@@ -291,7 +284,7 @@ def test_systemd_notifications(db: psycopg.Connection[Any], supervise: Any) -> N
         status = [line for line in got if line.startswith("STATUS=")]
         assert status and re.search(r"STATUS=serving proc: \d+/1 in flight", status[0]), status
         # The notification socket is the supervisor's alone: children do not inherit it.
-        children = wait_for(lambda: _children(sup.pid), message="a child")
+        children = wait_for(lambda: child_processes(sup.pid), message="a child")
         for pid in children:
             env = psutil.Process(pid).environ()
             assert "NOTIFY_SOCKET" not in env and "WATCHDOG_USEC" not in env
@@ -498,7 +491,7 @@ def test_sighup_replaces_children_with_new_code_without_losing_a_job(
     sup = supervise(app="hupapp:registry", queues=QUEUES, concurrency=2, env=env)
     nap_id = atlantis.enqueue(db, "proc.Nap", {"key": "nap", "seconds": 4.0})
     nap_pid = _fields(_event(db, "nap", "v1-started"))["pid"]
-    before = wait_for(lambda: len(c := _children(sup.pid)) == 2 and c, message="two children")
+    before = wait_for(lambda: len(c := child_processes(sup.pid)) == 2 and c, message="two children")
     (idle_pid,) = before - {nap_pid}
     module.write_text(HUP_APP.format(version=2, atl=atl))
     sup.signal(signal.SIGHUP)

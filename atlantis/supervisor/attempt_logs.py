@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from atlantis.store import supervision as sql
+from atlantis.store import upkeep as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.output import Label
 from atlantis.supervisor.policy import clip

@@ -14,8 +14,8 @@ import os
 import socket
 from collections.abc import Callable
 
-from atlantis.store import supervision as sql
-from atlantis.store.supervision import WorkerReport
+from atlantis.store import upkeep as sql
+from atlantis.store.upkeep import WorkerReport
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from atlantis.store import supervision as sql
+from atlantis.store import upkeep as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service

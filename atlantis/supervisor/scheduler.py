@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 
 from atlantis.declarations.cron import count_slots, latest_slot, next_slot
 from atlantis.declarations.model import JobDecl
-from atlantis.store import supervision as sql
+from atlantis.store import upkeep as sql
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.policy import backoff
 from atlantis.supervisor.runtime import Runtime
