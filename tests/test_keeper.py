@@ -137,8 +137,14 @@ def test_a_killed_keeper_is_started_again_and_keeps_watching(
     wait_for(lambda: events(db, "rekept"), timeout=60, message="the handler to start")
 
     def keepers() -> list[psutil.Process]:
-        return [p for p in psutil.Process(sup.pid).children()
-                if "atlantis.keeper" in " ".join(p.cmdline())]
+        found = []
+        for p in psutil.Process(sup.pid).children():
+            try:
+                if "atlantis.keeper" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:  # a child that exited meanwhile
+                continue
+        return found
 
     (keeper,) = wait_for(keepers, message="the keeper")
     keeper.kill()
