@@ -1701,6 +1701,25 @@ END
 $$;
 REVOKE ALL ON FUNCTION atlantis.workflow_advance() FROM PUBLIC;
 
+-- The workflow an operator acts on, locked (FOR NO KEY UPDATE); ATL04 when there is none.
+-- One home for what cancel_workflow, retry_workflow and dismiss_workflow each begin with.
+CREATE OR REPLACE FUNCTION atlantis.workflow_for_operator(workflow_id bigint)
+RETURNS atlantis.workflow_instances
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    w atlantis.workflow_instances;
+BEGIN
+    SELECT * INTO w FROM atlantis.workflow_instances i
+     WHERE i.id = workflow_for_operator.workflow_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no workflow with id %', workflow_for_operator.workflow_id
+            USING ERRCODE = 'ATL04';
+    END IF;
+    RETURN w;
+END
+$$;
+REVOKE ALL ON FUNCTION atlantis.workflow_for_operator(bigint) FROM PUBLIC;
+
 -- Cancel a workflow: its running steps are cancelled (with their grace), none starts, and
 -- the compensations run as after a failure. During the compensation the cancel is recorded
 -- and the compensations go on; a finished workflow is left alone. Returns its state
@@ -1714,12 +1733,7 @@ DECLARE
     w atlantis.workflow_instances;
     who text := coalesce(cancel_workflow.by, current_user);
 BEGIN
-    SELECT * INTO w FROM atlantis.workflow_instances i WHERE i.id = cancel_workflow.workflow_id
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no workflow with id %', cancel_workflow.workflow_id
-            USING ERRCODE = 'ATL04';
-    END IF;
+    w := atlantis.workflow_for_operator(cancel_workflow.workflow_id);
     IF w.state IN ('running', 'compensating') AND w.cancel_requested_at IS NULL THEN
         UPDATE atlantis.workflow_instances i SET cancel_requested_at = now(), cancelled_by = who
          WHERE i.id = w.id;
@@ -1747,12 +1761,7 @@ DECLARE
     r record;
     holder bigint;  -- version 22
 BEGIN
-    SELECT * INTO w FROM atlantis.workflow_instances i WHERE i.id = retry_workflow.workflow_id
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no workflow with id %', retry_workflow.workflow_id
-            USING ERRCODE = 'ATL04';
-    END IF;
+    w := atlantis.workflow_for_operator(retry_workflow.workflow_id);
     IF w.state <> 'compensation_failed' THEN
         RAISE EXCEPTION 'workflow % is %: only a compensation_failed workflow can be retried',
             w.id, w.state USING ERRCODE = 'ATL05';
@@ -1800,12 +1809,7 @@ DECLARE
     w atlantis.workflow_instances;
     who text := coalesce(dismiss_workflow.by, current_user);
 BEGIN
-    SELECT * INTO w FROM atlantis.workflow_instances i WHERE i.id = dismiss_workflow.workflow_id
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no workflow with id %', dismiss_workflow.workflow_id
-            USING ERRCODE = 'ATL04';
-    END IF;
+    w := atlantis.workflow_for_operator(dismiss_workflow.workflow_id);
     IF w.state <> 'compensation_failed' THEN
         RAISE EXCEPTION 'workflow % is %: only a compensation_failed workflow can be dismissed',
             w.id, w.state USING ERRCODE = 'ATL05';

@@ -662,6 +662,14 @@ CREATE FUNCTION atlantis.workflow_advance() RETURNS trigger
     AS $$ ... $$;  -- the body: atlantis/store/functions.sql
 
 --
+-- Name: workflow_for_operator(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.workflow_for_operator(workflow_id bigint) RETURNS atlantis.workflow_instances
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+
+--
 -- Name: workflow_halt(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 

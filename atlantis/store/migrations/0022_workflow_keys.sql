@@ -52,3 +52,5 @@ CREATE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text) RETUR
 LANGUAGE sql AS $$ SELECT NULL::bigint $$;
 CREATE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT current_user)
 RETURNS text LANGUAGE sql AS $$ SELECT NULL::text $$;
+CREATE FUNCTION atlantis.workflow_for_operator(workflow_id bigint)
+RETURNS atlantis.workflow_instances LANGUAGE sql AS $$ SELECT NULL::atlantis.workflow_instances $$;
