@@ -1,4 +1,4 @@
-"""Limits in the database (migration 0018, functions.sql "Limits"), driven by SQL as the
+"""Limits in the database (migration 0018, live/limits.sql and live/limited_claims.sql), driven by SQL as the
 claims of this release and of the previous one drive them: the trigger jobs_limit_claim
 lets a limited row turn `running` only while every limit has room, whoever claims it; a
 slot is free once its row leaves `running` by any path; rate windows count starts and

@@ -121,7 +121,7 @@ def test_one_per_key_across_supervisors(db: psycopg.Connection[Any], supervise: 
 
 # Each test below was checked to fail with the behaviour broken, in scratch runs never
 # committed: the trigger disabled (ALTER TABLE atlantis.jobs DISABLE TRIGGER jobs_limit_claim
-# in the test's database), or a function of atlantis/store/functions.sql (or the claim of
+# in the test's database), or a function of atlantis/store/live (or the claim of
 # queries.sql) edited as each test's comment says, with the template rebuilt from it.
 
 def test_four_supervisors_200_jobs_over_5_keys_one_at_a_time_per_key(

@@ -1,4 +1,4 @@
-"""Workflow transitions in the database (migration 0017, functions.sql), driven by SQL as a
+"""Workflow transitions in the database (migration 0017, live/workflows.sql and live/workflow_operators.sql), driven by SQL as a
 supervisor's claim and finish would drive them: the graph advances exactly once per
 completion, failures and cancels compensate in reverse dependency order, and nothing is
 left behind. The same transitions under real supervisors: tests/test_workflows.py."""

@@ -1,7 +1,7 @@
 """Versioned schema migrations, safe when several processes migrate at once.
 
-After the migrations, :func:`migrate` applies the functions file (``functions.sql``, the
-live definition of every SQL function: :mod:`atlantis.store.functions`), then takes the
+After the migrations, :func:`migrate` applies the live definitions (``live/*.sql``: every
+SQL function and view, :mod:`atlantis.store.functions`) when they changed, then takes the
 *role step*: it creates the NOLOGIN roles of :data:`ROLES` when the migrating role may
 (superuser or CREATEROLE; otherwise it skips that silently), and grants whichever of them
 exist their rights in this database.
@@ -41,9 +41,10 @@ def migrations() -> list[tuple[int, str, LiteralString]]:
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[int]:
-    """Apply the migrations this database lacks, then the functions file, then the role
-    step; returns the versions applied. On a schema ahead of this package (a newer release
-    migrated it) the functions file is left alone: the newer release's definitions stand."""
+    """Apply the migrations this database lacks, then the live definitions when they changed
+    (:func:`atlantis.store.functions.refresh`), then the role step; returns the versions
+    applied. On a schema ahead of this package (a newer release migrated it) the live
+    definitions are left alone: the newer release's stand."""
     applied: list[int] = []
     shipped = migrations()
     require_server_version(conn)
@@ -66,7 +67,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             )
             applied.append(version)
         if max(done, default=0) <= shipped[-1][0]:
-            functions.apply(conn)
+            functions.refresh(conn, shipped[-1][0])
         _role_step(conn, regrant=bool(applied))
     return applied
 

@@ -33,6 +33,7 @@ RETURNING t.limits IS DISTINCT FROM coalesce((SELECT was.limits FROM was), '[]':
 SELECT atlantis.limit_mark(%(job)s)
 
 -- name: claim
+-- The limit veto (trigger jobs_limit_claim, live/limits.sql) runs for a limited row it marks.
 -- Up to `limit` due rows no limit applies to, for `worker` (atlantis.claim, migration 0020:
 -- the statement, with its plan made once a session). `limited`: the jobs declaring limits.
 SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
@@ -43,8 +44,8 @@ SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeo
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
 -- NULL id and says when to try again (wake_in, seconds) and where the next call starts
--- (cursor, passed back as `after`).
--- The enqueuer's trace context (migration 0019) is read here, before the hint's columns.
+-- (cursor, passed back as `after`); read by column name. The enqueuer's trace context is
+-- read here. The limit veto (trigger jobs_limit_claim) runs inside it, for each row it claims.
 SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
        c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
        (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
@@ -103,6 +104,7 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
 SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 
 -- name: finish
+-- Fires jobs_workflow_advance (the workflow engine, live/workflows.sql) for a step's row.
 -- The results of many attempts in one statement. The next state of each row was decided
 -- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
 -- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
@@ -221,6 +223,7 @@ WITH r AS (
 SELECT done.id, done.state FROM done CROSS JOIN note
 
 -- name: rescue
+-- Fires jobs_workflow_advance (the workflow engine, live/workflows.sql) for a step's row.
 -- Rows whose lease expired: their worker is presumed dead. The attempt counts as failed and
 -- the row is re-dispatched at once (or sent to dead; or to cancelled if a cancel was
 -- requested). Unless the previous attempt of its run also ended by a lease expiry (the last
@@ -309,6 +312,7 @@ SELECT pg_backend_pid()
 LISTEN atlantis_jobs; LISTEN atlantis_control
 
 -- name: release_orphans
+-- Fires jobs_workflow_advance (the workflow engine, live/workflows.sql) for a step's row.
 -- Rows this supervisor run claimed but never received (the answer to a claim's COMMIT was
 -- lost): no child runs them. Give them back at once without spending the attempt, rather
 -- than let them wait for their lease to expire and be rescued as a failure. A row whose

@@ -4,7 +4,7 @@
     python -m atlantis.store.schema --check    # exit 1, with a diff, when it is stale
 
 It migrates a scratch database (:func:`atlantis.store.migrate.migrate`: the migrations, then
-``functions.sql``) on the server of ``--database-url`` (else ``ATLANTIS_DATABASE_URL``, else
+``live/*.sql``) on the server of ``--database-url`` (else ``ATLANTIS_DATABASE_URL``, else
 the embedded PostgreSQL), dumps its ``atlantis`` schema with the ``pg_dump`` of the embedded
 wheel's default major (``--schema-only --no-owner --no-privileges``) and drops pg_dump's
 settings and version lines. The dump is PostgreSQL's own and differs between majors, so the
@@ -41,7 +41,7 @@ _NOISE = re.compile(r"^(?:SET |SELECT pg_catalog\.set_config\(|\\(?:un)?restrict
 
 # A function's body, as pg_dump quotes it (with $$, or $_$ when the body holds $$).
 _BODY = re.compile(r"^    AS (\$\w*\$).*?\1;$", re.DOTALL | re.MULTILINE)
-_BODY_ELSEWHERE = "    AS $$ ... $$;  -- the body: atlantis/store/functions.sql"
+_BODY_ELSEWHERE = "    AS $$ ... $$;  -- the body: atlantis/store/live"
 
 
 class WrongMajorError(AtlantisError):
@@ -107,7 +107,7 @@ def generate(url: str) -> str:
 def normalize(dump: str) -> str:
     """A dump without pg_dump's settings and version lines, under the file's own header:
     its statements in pg_dump's order (by kind, then name), one blank line between them.
-    A function keeps its signature and attributes; its body is functions.sql's."""
+    A function keeps its signature and attributes; its body is in atlantis/store/live."""
     blocks = []
     for block in re.split(r"\n\s*\n", dump.replace("\r\n", "\n")):
         if any(not _NOISE.match(line) for line in block.strip("\n").splitlines()):
@@ -116,8 +116,8 @@ def normalize(dump: str) -> str:
 
 
 def _header() -> str:
-    return (f"-- The atlantis schema as the migrations (0001 to {migrations()[-1][0]:04d}) and functions.sql\n"
-            "-- leave it; a function's body is in functions.sql. GENERATED, do not edit:\n"
+    return (f"-- The atlantis schema as the migrations (0001 to {migrations()[-1][0]:04d}) and live/*.sql\n"
+            "-- leave it; a function's body is in live/*.sql. GENERATED, do not edit:\n"
             f"-- `{COMMAND}` writes it, and tests/test_schema.py\n"
             "-- fails when it and the migrations drift. pg_dump --schema-only --no-owner\n"
             f"-- --no-privileges on PostgreSQL {default_major()}, without its settings and version lines;\n"

@@ -1,5 +1,5 @@
--- The atlantis schema as the migrations (0001 to 0023) and functions.sql
--- leave it; a function's body is in functions.sql. GENERATED, do not edit:
+-- The atlantis schema as the migrations (0001 to 0024) and live/*.sql
+-- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
 -- --no-privileges on PostgreSQL 18, without its settings and version lines;
@@ -34,7 +34,7 @@ CREATE TYPE atlantis.limit_row AS (
 CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: cancel_message(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -42,7 +42,7 @@ CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RET
 
 CREATE FUNCTION atlantis.cancel_message(by text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: cancel_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -51,7 +51,7 @@ CREATE FUNCTION atlantis.cancel_message(by text) RETURNS text
 CREATE FUNCTION atlantis.cancel_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: canonical_double(numeric); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -60,7 +60,7 @@ CREATE FUNCTION atlantis.cancel_workflow(workflow_id bigint, by text DEFAULT CUR
 CREATE FUNCTION atlantis.canonical_double(n numeric) RETURNS jsonb
     LANGUAGE plpgsql IMMUTABLE
     SET extra_float_digits TO '1'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: canonical_value(text, boolean, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -68,7 +68,7 @@ CREATE FUNCTION atlantis.canonical_double(n numeric) RETURNS jsonb
 
 CREATE FUNCTION atlantis.canonical_value(ftype text, is_array boolean, v jsonb) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: job_types; Type: TABLE; Schema: atlantis; Owner: -
@@ -105,7 +105,15 @@ CREATE TABLE atlantis.job_types (
 
 CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: check_field(text, text, text, integer, boolean, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.check_field(job text, fname text, ftype text, flen integer, is_array boolean, v jsonb, scan boolean) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: claim(text[], text[], text, integer, text[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -114,7 +122,16 @@ CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS
 CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n integer, limited text[]) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, trace_context jsonb)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: claim_groups(text, integer, text[], text, text[], text[]); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.claim_groups(q text, p integer, tried text[], worker text, jobs text[], skip_jobs text[]) RETURNS TABLE(id bigint, g text)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: claim_isolate(text[], text[], text, integer, text[], text[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -122,7 +139,7 @@ CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n intege
 
 CREATE FUNCTION atlantis.claim_isolate(queues text[], jobs text[], worker text, n integer, limited text[], rejected text[]) RETURNS TABLE(id bigint, error text)
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: claim_limited(text[], text[], text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -131,7 +148,7 @@ CREATE FUNCTION atlantis.claim_isolate(queues text[], jobs text[], worker text, 
 CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer, after text DEFAULT NULL::text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: clamp_pct(double precision); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -139,7 +156,7 @@ CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, 
 
 CREATE FUNCTION atlantis.clamp_pct(p double precision) RETURNS smallint
     LANGUAGE sql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: delete_finished(bigint[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -148,7 +165,7 @@ CREATE FUNCTION atlantis.clamp_pct(p double precision) RETURNS smallint
 CREATE FUNCTION atlantis.delete_finished(ids bigint[]) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: dismiss_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -157,7 +174,7 @@ CREATE FUNCTION atlantis.delete_finished(ids bigint[]) RETURNS integer
 CREATE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: enqueue(text, jsonb, timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -166,7 +183,7 @@ CREATE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT CU
 CREATE FUNCTION atlantis.enqueue(job_name text, args jsonb DEFAULT '{}'::jsonb, run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: enqueue_many(text, jsonb[], timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -175,7 +192,15 @@ CREATE FUNCTION atlantis.enqueue(job_name text, args jsonb DEFAULT '{}'::jsonb, 
 CREATE FUNCTION atlantis.enqueue_many(job_name text, args_list jsonb[], run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, priority integer DEFAULT NULL::integer, queue text DEFAULT NULL::text, delay interval DEFAULT NULL::interval, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint[]
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: enqueue_unique(atlantis.job_types, jsonb, text, integer, timestamp with time zone, boolean, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.enqueue_unique(decl atlantis.job_types, a jsonb, q text, prio integer, start_at timestamp with time zone, limited boolean, trace_context jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: errors_append(jsonb, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -183,7 +208,7 @@ CREATE FUNCTION atlantis.enqueue_many(job_name text, args_list jsonb[], run_at t
 
 CREATE FUNCTION atlantis.errors_append(history jsonb, entry jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: fast_checked_args(atlantis.job_types, jsonb[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -192,7 +217,15 @@ CREATE FUNCTION atlantis.errors_append(history jsonb, entry jsonb) RETURNS jsonb
 CREATE FUNCTION atlantis.fast_checked_args(decl atlantis.job_types, args_list jsonb[]) RETURNS jsonb[]
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: fast_field_check(text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.fast_field_check(ftype text, flen integer, v text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: job_type(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -200,7 +233,7 @@ CREATE FUNCTION atlantis.fast_checked_args(decl atlantis.job_types, args_list js
 
 CREATE FUNCTION atlantis.job_type(job_name text) RETURNS atlantis.job_types
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: jsonb_depth(jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -208,7 +241,7 @@ CREATE FUNCTION atlantis.job_type(job_name text) RETURNS atlantis.job_types
 
 CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
     LANGUAGE plpgsql IMMUTABLE STRICT
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: key_digest(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -216,7 +249,7 @@ CREATE FUNCTION atlantis.jsonb_depth(v jsonb) RETURNS integer
 
 CREATE FUNCTION atlantis.key_digest(key text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: key_text(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -224,7 +257,7 @@ CREATE FUNCTION atlantis.key_digest(key text) RETURNS text
 
 CREATE FUNCTION atlantis.key_text(key text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_claim(); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -233,7 +266,7 @@ CREATE FUNCTION atlantis.key_text(key text) RETURNS text
 CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_fields(jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -241,7 +274,7 @@ CREATE FUNCTION atlantis.limit_claim() RETURNS trigger
 
 CREATE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_group(atlantis.job_types, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -249,7 +282,7 @@ CREATE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]
 
 CREATE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb, queue_limited boolean) RETURNS text
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_hold(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -257,7 +290,7 @@ CREATE FUNCTION atlantis.limit_group(decl atlantis.job_types, args jsonb, queue_
 
 CREATE FUNCTION atlantis.limit_hold(job_id bigint) RETURNS text
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -265,7 +298,7 @@ CREATE FUNCTION atlantis.limit_hold(job_id bigint) RETURNS text
 
 CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope text, by text[], val jsonb, whole boolean) RETURNS SETOF bigint
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_mark(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -273,7 +306,7 @@ CREATE FUNCTION atlantis.limit_holders(decl atlantis.job_types, q text, scope te
 
 CREATE FUNCTION atlantis.limit_mark(job_name text) RETURNS bigint
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_mismatch(text, jsonb, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -281,7 +314,7 @@ CREATE FUNCTION atlantis.limit_mark(job_name text) RETURNS bigint
 
 CREATE FUNCTION atlantis.limit_mismatch(ftype text, v jsonb, scan boolean) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_period_text(interval); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -289,7 +322,7 @@ CREATE FUNCTION atlantis.limit_mismatch(ftype text, v jsonb, scan boolean) RETUR
 
 CREATE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
     LANGUAGE sql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_refuse(text, timestamp with time zone); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -297,7 +330,7 @@ CREATE FUNCTION atlantis.limit_period_text(period interval) RETURNS text
 
 CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_rows(atlantis.job_types, text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -305,7 +338,7 @@ CREATE FUNCTION atlantis.limit_refuse(scope text, wake timestamp with time zone)
 
 CREATE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb) RETURNS atlantis.limit_row[]
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -313,7 +346,7 @@ CREATE FUNCTION atlantis.limit_rows(decl atlantis.job_types, q text, args jsonb)
 
 CREATE FUNCTION atlantis.limit_sweep(batch integer DEFAULT 1000) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_usage(text[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -321,7 +354,7 @@ CREATE FUNCTION atlantis.limit_sweep(batch integer DEFAULT 1000) RETURNS integer
 
 CREATE FUNCTION atlantis.limit_usage(queues text[]) RETURNS TABLE(queue text, concurrency integer, running bigint, limited_running bigint, held bigint)
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limit_value(atlantis.job_types, jsonb, text[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -329,7 +362,32 @@ CREATE FUNCTION atlantis.limit_usage(queues text[]) RETURNS TABLE(queue text, co
 
 CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: limited_groups(text, integer, text, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limited_groups(q text, p integer, after text, span integer) RETURNS text[]
+    LANGUAGE plpgsql STABLE
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: limited_priority(text, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limited_priority(q text, above integer) RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: limited_rows(bigint[], text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.limited_rows(claimed bigint[], last text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text)
+    LANGUAGE sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: limits_of(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -337,7 +395,15 @@ CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by tex
 
 CREATE FUNCTION atlantis.limits_of(job_id bigint) RETURNS TABLE(key text, kind text, n integer, period interval, label text)
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: max_args_bytes(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.max_args_bytes() RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: next_run(); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -345,7 +411,7 @@ CREATE FUNCTION atlantis.limits_of(job_id bigint) RETURNS TABLE(key text, kind t
 
 CREATE FUNCTION atlantis.next_run() RETURNS trigger
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: notify_inserted(); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -353,7 +419,7 @@ CREATE FUNCTION atlantis.next_run() RETURNS trigger
 
 CREATE FUNCTION atlantis.notify_inserted() RETURNS trigger
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: oldest_due(text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -362,7 +428,7 @@ CREATE FUNCTION atlantis.notify_inserted() RETURNS trigger
 CREATE FUNCTION atlantis.oldest_due(q text) RETURNS timestamp with time zone
     LANGUAGE plpgsql STABLE
     SET search_path TO 'pg_catalog', 'atlantis'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: pause(text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -371,7 +437,7 @@ CREATE FUNCTION atlantis.oldest_due(q text) RETURNS timestamp with time zone
 CREATE FUNCTION atlantis.pause(queue text, reason text DEFAULT NULL::text, by text DEFAULT CURRENT_USER) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: prune(interval, text[], integer); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -380,7 +446,7 @@ CREATE FUNCTION atlantis.pause(queue text, reason text DEFAULT NULL::text, by te
 CREATE FUNCTION atlantis.prune(older_than interval, states text[] DEFAULT ARRAY['complete'::text, 'cancelled'::text, 'dead'::text], batch integer DEFAULT 1000) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: prune_schedule_runs(interval, integer); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -388,7 +454,7 @@ CREATE FUNCTION atlantis.prune(older_than interval, states text[] DEFAULT ARRAY[
 
 CREATE FUNCTION atlantis.prune_schedule_runs(older_than interval, batch integer DEFAULT 1000) RETURNS bigint
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: prune_workflows(interval, text[], integer); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -397,7 +463,7 @@ CREATE FUNCTION atlantis.prune_schedule_runs(older_than interval, batch integer 
 CREATE FUNCTION atlantis.prune_workflows(older_than interval, states text[] DEFAULT ARRAY['complete'::text, 'cancelled'::text, 'dead'::text], batch integer DEFAULT 100) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: queue_counts(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -406,7 +472,7 @@ CREATE FUNCTION atlantis.prune_workflows(older_than interval, states text[] DEFA
 CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(queue text, state text, n bigint, exact boolean)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'atlantis'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: resume(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -415,7 +481,7 @@ CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(qu
 CREATE FUNCTION atlantis.resume(queue text, by text DEFAULT CURRENT_USER) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: retry(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -424,7 +490,7 @@ CREATE FUNCTION atlantis.resume(queue text, by text DEFAULT CURRENT_USER) RETURN
 CREATE FUNCTION atlantis.retry(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: retry_delay(interval, integer, interval); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -432,7 +498,7 @@ CREATE FUNCTION atlantis.retry(job_id bigint, by text DEFAULT CURRENT_USER) RETU
 
 CREATE FUNCTION atlantis.retry_delay(base interval, failures integer, cap interval) RETURNS interval
     LANGUAGE sql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: retry_workflow(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -441,7 +507,7 @@ CREATE FUNCTION atlantis.retry_delay(base interval, failures integer, cap interv
 CREATE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: row_limits(atlantis.job_types, text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -449,7 +515,7 @@ CREATE FUNCTION atlantis.retry_workflow(workflow_id bigint, by text DEFAULT CURR
 
 CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb) RETURNS TABLE(key text, kind text, n integer, period interval, fields text[], val jsonb, scope text, label text, whole boolean)
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: schedule_catch_up(text, timestamp with time zone, timestamp with time zone, timestamp with time zone, bigint, timestamp with time zone[]); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -458,7 +524,7 @@ CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
 CREATE FUNCTION atlantis.schedule_catch_up(job_name text, after timestamp with time zone, missed_from timestamp with time zone, missed_to timestamp with time zone, missed bigint, due timestamp with time zone[], OUT outcome text, OUT last_slot timestamp with time zone, OUT job_ids bigint[]) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: schedule_fire(text, timestamp with time zone, interval); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -467,7 +533,7 @@ CREATE FUNCTION atlantis.schedule_catch_up(job_name text, after timestamp with t
 CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time zone, grace interval, OUT outcome text, OUT job_id bigint) RETURNS record
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: set_queue_limit(text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -476,7 +542,7 @@ CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time z
 CREATE FUNCTION atlantis.set_queue_limit(queue text, concurrency integer, by text DEFAULT CURRENT_USER) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: stall_after(text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -484,7 +550,7 @@ CREATE FUNCTION atlantis.set_queue_limit(queue text, concurrency integer, by tex
 
 CREATE FUNCTION atlantis.stall_after(job_name text, heartbeat interval) RETURNS interval
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: jobs; Type: TABLE; Schema: atlantis; Owner: -
@@ -553,7 +619,7 @@ WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze
 
 CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: start_workflow(text, jsonb, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -562,7 +628,7 @@ CREATE FUNCTION atlantis.stalled(j atlantis.jobs) RETURNS boolean
 CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::jsonb, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: step_args(text, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -570,7 +636,7 @@ CREATE FUNCTION atlantis.start_workflow(name text, args jsonb DEFAULT '{}'::json
 
 CREATE FUNCTION atlantis.step_args(job_name text, args jsonb) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: step_context(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -578,7 +644,7 @@ CREATE FUNCTION atlantis.step_args(job_name text, args jsonb) RETURNS jsonb
 
 CREATE FUNCTION atlantis.step_context(job_id bigint) RETURNS jsonb
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: type_mismatch(text, integer, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -586,7 +652,7 @@ CREATE FUNCTION atlantis.step_context(job_id bigint) RETURNS jsonb
 
 CREATE FUNCTION atlantis.type_mismatch(ftype text, flen integer, v jsonb) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: unique_key(atlantis.job_types, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -594,7 +660,7 @@ CREATE FUNCTION atlantis.type_mismatch(ftype text, flen integer, v jsonb) RETURN
 
 CREATE FUNCTION atlantis.unique_key(decl atlantis.job_types, args jsonb) RETURNS text
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_instances; Type: TABLE; Schema: atlantis; Owner: -
@@ -650,7 +716,7 @@ CREATE TABLE atlantis.workflow_steps (
 
 CREATE FUNCTION atlantis.workflow_add_step_row(w atlantis.workflow_instances, s atlantis.workflow_steps, undo boolean) RETURNS bigint
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_advance(); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -659,7 +725,7 @@ CREATE FUNCTION atlantis.workflow_add_step_row(w atlantis.workflow_instances, s 
 CREATE FUNCTION atlantis.workflow_advance() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_for_operator(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -667,7 +733,7 @@ CREATE FUNCTION atlantis.workflow_advance() RETURNS trigger
 
 CREATE FUNCTION atlantis.workflow_for_operator(workflow_id bigint) RETURNS atlantis.workflow_instances
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_halt(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -675,7 +741,7 @@ CREATE FUNCTION atlantis.workflow_for_operator(workflow_id bigint) RETURNS atlan
 
 CREATE FUNCTION atlantis.workflow_halt(wid bigint) RETURNS integer
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_key_holder(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -683,7 +749,7 @@ CREATE FUNCTION atlantis.workflow_halt(wid bigint) RETURNS integer
 
 CREATE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text) RETURNS bigint
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_settle(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -691,7 +757,7 @@ CREATE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text) RETUR
 
 CREATE FUNCTION atlantis.workflow_settle(wid bigint) RETURNS text
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_step_states(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -699,7 +765,7 @@ CREATE FUNCTION atlantis.workflow_settle(wid bigint) RETURNS text
 
 CREATE FUNCTION atlantis.workflow_step_states(wid bigint) RETURNS TABLE(step text, ord integer, job text, after text[], compensate text, job_id bigint, comp_job_id bigint, fwd text, comp text, started boolean, settled boolean)
     LANGUAGE sql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_stop(bigint, text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -707,7 +773,7 @@ CREATE FUNCTION atlantis.workflow_step_states(wid bigint) RETURNS TABLE(step tex
 
 CREATE FUNCTION atlantis.workflow_stop(wid bigint, why text, step_name text, message text) RETURNS void
     LANGUAGE plpgsql
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
@@ -716,7 +782,7 @@ CREATE FUNCTION atlantis.workflow_stop(wid bigint, why text, step_name text, mes
 CREATE FUNCTION atlantis.workflow_sweep(batch integer DEFAULT 100) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: workflow_types; Type: TABLE; Schema: atlantis; Owner: -
@@ -741,7 +807,7 @@ CREATE TABLE atlantis.workflow_types (
 
 CREATE FUNCTION atlantis.workflow_type(workflow_name text) RETURNS atlantis.workflow_types
     LANGUAGE plpgsql STABLE
-    AS $$ ... $$;  -- the body: atlantis/store/functions.sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
 -- Name: attempts; Type: TABLE; Schema: atlantis; Owner: -
@@ -885,6 +951,20 @@ CREATE TABLE atlantis.limit_starts (
     job_id bigint NOT NULL,
     at timestamp with time zone NOT NULL,
     until timestamp with time zone NOT NULL
+);
+
+--
+-- Name: live_definitions; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.live_definitions (
+    one boolean DEFAULT true NOT NULL,
+    checksum text NOT NULL,
+    schema_version integer NOT NULL,
+    package_version text NOT NULL,
+    fingerprint text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT live_definitions_one_check CHECK (one)
 );
 
 --
@@ -1074,6 +1154,13 @@ ALTER TABLE ONLY atlantis.job_types
 
 ALTER TABLE ONLY atlantis.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: live_definitions live_definitions_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.live_definitions
+    ADD CONSTRAINT live_definitions_pkey PRIMARY KEY (one);
 
 --
 -- Name: logs logs_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -

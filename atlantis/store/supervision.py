@@ -180,6 +180,15 @@ async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str],
 
 
 @dataclass(frozen=True, slots=True)
+class LimitedRow(ClaimedRow):
+    """A row of ``atlantis.claim_limited``, read by column name: a claimed row, or the last
+    one, the hint, whose ``id`` is NULL and which carries only ``wake_in`` and ``cursor``."""
+
+    wake_in: float | None = None
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LimitedClaim:
     """What :func:`claim_limited` got: the rows; when to try again (seconds; None: no need
     to before the next NOTIFY or poll); where the next call starts (its ``after``)."""
@@ -194,24 +203,13 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
     """Claim up to ``limit`` rows of limited jobs (``atlantis.claim_limited``), in a
     transaction as :func:`claim`; only for children idle now. ``after``: the ``cursor`` of
     the previous call (the groups take turns across calls)."""
-    raw = await db.fetch(Q.claim_limited, {
+    got = await db.fetch_rows(LimitedRow, Q.claim_limited, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker, "after": after,
     }, timeout=timeout, transaction=True)
-    rows: list[ClaimedRow] = []
-    wake_in: float | None = None
-    cursor: str | None = after
-    # The columns of atlantis.claim_limited, in order, with the row's trace context before the
-    # last two (the hint's); the last row has a NULL id.
-    for (job_id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout_s,
-         heartbeat, backoff, deadline, workflow_id, workflow, trace, wake, last) in raw:
-        if job_id is None:
-            wake_in, cursor = wake, last
-            continue
-        rows.append(ClaimedRow(
-            id=job_id, job=job, queue=queue, args=args, attempt=attempt,
-            max_attempts=max_attempts, cancel_requested=cancel_requested, timeout=timeout_s,
-            heartbeat=heartbeat, backoff=backoff, deadline=deadline, run=run,
-            workflow=workflow, workflow_id=workflow_id, trace_context=trace))
+    rows: list[ClaimedRow] = [row for row in got if row.id is not None]
+    hint = next((row for row in got if row.id is None), None)
+    wake_in = hint.wake_in if hint is not None else None
+    cursor = hint.cursor if hint is not None else after
     return LimitedClaim(rows, wake_in, cursor)
 
 

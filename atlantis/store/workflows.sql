@@ -2,7 +2,7 @@
 -- workflows, by name. Loaded with queries.sql by atlantis/store/queries.py; the same rules
 -- hold: every value a parameter. Run only through atlantis/store/workflows.py (the metrics'
 -- count also through atlantis/store/supervision.py). Starting, cancelling and retrying a
--- workflow, and every transition, are the SQL functions' (functions.sql): not here.
+-- workflow, and every transition, are the SQL functions' (live/workflows.sql): not here.
 
 -- name: workflow_get
 -- One workflow (the view atlantis.workflows, migration 0017) and the database's clock,

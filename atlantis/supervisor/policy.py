@@ -35,7 +35,7 @@ class Verdict:
     does not). A row that goes back to ``available`` may run again after ``delay`` seconds,
     or, when ``backoff`` is given (a failed attempt with attempts left), after the job's
     backoff for this attempt, at most ``backoff`` seconds (``--max-backoff``). That delay
-    is computed where the row is written, by ``atlantis.retry_delay`` (functions.sql): the
+    is computed where the row is written, by ``atlantis.retry_delay`` (store/live/claims.sql): the
     one home of the retry delay, which the rescue applies too.
     """
 
