@@ -30,6 +30,11 @@ SYNCED_APPS = [TEST_APP, "tests.apps.process:registry", "tests.apps.hostile:regi
                "tests.apps.sched:registry", "tests.apps.ops:registry",
                "tests.apps.console_app:registry", "tests.apps.limited:registry"]
 TEMPLATE = "atl_template"
+#: Turned off on the suite's shared server (never on a server a test starts for itself, nor
+#: in the product): it is thrown away after the run and no test crashes it, so nothing needs
+#: to reach the disk. Each test's CREATE DATABASE ... TEMPLATE and DROP DATABASE then cost
+#: no fsync.
+TEST_SERVER_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")
 _counter = itertools.count()
 
 
@@ -70,6 +75,40 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.markexpr = "server_matrix"
 
 
+#: The long tail, started first (in this order) so that none of it is the last test to end:
+#: xdist hands tests out in collection order, a few at a time (scripts/test runs it with
+#: ``--maxschedchunk``). Prefixes of node ids; each takes tens of seconds, the chaos run over
+#: a minute. The rest keep their order.
+LONG_TAIL = (
+    "tests/test_chaos.py::test_a_minute_of_chaos_keeps_every_promise",
+    "tests/test_containment.py::test_five_thousand_failures_keep_twenty_errors_and_count_all",
+    "tests/test_wheel_install.py::",
+    "tests/test_roles.py::test_a_reader_reads_with_tide_and_changes_nothing",
+    "tests/test_leases.py::test_kill_9_supervisor_children_die_and_another_finishes",
+    "tests/test_server_versions.py::test_doctor_explains_and_upgrade_home_moves",
+    "tests/test_leases.py::test_rows_claimed_ahead_are_given_back_behind_a_long_attempt",
+    "tests/test_operator.py::test_handler_text_is_escaped_in_every_human_output",
+    "tests/test_keeper.py::",
+    "tests/test_example_onboarding.py::",
+    "tests/test_pgbouncer.py::",
+    "tests/test_codegen.py::test_generated_module_passes_ruff_and_mypy_strict",
+    "tests/test_workflow_declarations.py::test_generated_workflow_module_passes_ruff",
+    "tests/test_outages.py::",
+    "tests/test_schedules.py::",
+    "tests/test_console_browser.py::",
+)
+
+
+def long_tail_rank(nodeid: str) -> int:
+    """Where a test starts: its place in :data:`LONG_TAIL`, after it the rest."""
+    return next((i for i, prefix in enumerate(LONG_TAIL) if nodeid.startswith(prefix)),
+                len(LONG_TAIL))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: long_tail_rank(item.nodeid))  # stable: the rest keep order
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"atlantis: PostgreSQL {suite_major()} (embedded; {environ.TEST_PG} picks 16 or 18)"
 
@@ -88,6 +127,10 @@ def pg_server(pg_home: Path) -> Iterator[Any]:
     server = embedded.start(pg_home / "pgdata", major=suite_major(), cleanup_mode="stop")
     os.environ["ATLANTIS_HOME"] = str(pg_home)
     os.environ.pop(environ.DATABASE_URL, None)
+    with psycopg.connect(str(server.get_uri()), autocommit=True) as conn:
+        for name in TEST_SERVER_SETTINGS:  # a test server's durability: none needed
+            conn.execute(f"ALTER SYSTEM SET {name} = off")
+        conn.execute("SELECT pg_reload_conf()")
     yield server
     server.cleanup()
 
