@@ -252,6 +252,25 @@ def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]
         sup.stop(hurry=True)
 
 
+def run_tide(argv: list[str], *, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``tide ARGV`` run in this process (click's runner), as the installed command would run
+    it: its exit status, stdout and stderr apart. Half a second quicker than a process of its
+    own; a test whose subject is the process (its exit by a signal, its stdin, the installed
+    entry point, what it does with a terminal) runs ``BIN / "tide"`` instead. ``check``: a
+    non-zero status raises :class:`subprocess.CalledProcessError`, as ``subprocess.run``."""
+    from click.testing import CliRunner
+
+    from atlantis.cli.tide import main
+
+    result = CliRunner().invoke(main, argv, env=env, prog_name="tide", catch_exceptions=False)
+    done = subprocess.CompletedProcess(["tide", *argv], result.exit_code, result.stdout,
+                                       result.stderr)
+    if check:
+        done.check_returncode()
+    return done
+
+
 def child_processes(pid: int) -> set[int]:
     """The live child processes of supervisor ``pid`` that run attempts (its lease keeper,
     ``python -m atlantis.keeper``, left out)."""

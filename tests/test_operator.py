@@ -4,7 +4,6 @@ that cannot be had is one line. Real PostgreSQL, real supervisors and children."
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 import atlantis
 from atlantis import operations
-from tests.conftest import BIN, ROOT, wait_for, wait_state
+from tests.conftest import BIN, ROOT, run_tide, wait_for, wait_state
 from tests.test_operations import make_dead
 
 #: Set the window title, clear the screen, go back over the line, a C1 CSI, a bidi override.
@@ -29,11 +28,13 @@ SHOWN = r"\x1b]0;owned\x07\x1b[2J\rfake ok\x9b31m \u202egnp.exe"
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def tide(db_url: str | None, *args: str, check: bool = True, timeout: float = 60,
+def tide(db_url: str | None, *args: str, check: bool = True,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [str(BIN / "tide")] + (["--database-url", db_url] if db_url else []) + list(args)
-    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=check,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    """``tide`` in this process (:func:`tests.conftest.run_tide`): what these tests check is
+    its output and exit status; a command that should give up at its deadline and does not
+    fails the test at pytest's timeout."""
+    return run_tide((["--database-url", db_url] if db_url else []) + list(args), check=check,
+                    env=env)
 
 
 # ---- handler text is shown, never obeyed -------------------------------------------------
@@ -198,7 +199,7 @@ def test_a_peer_that_never_answers_the_connection_is_one_line_and_exit_1(
     for argv, env in ((["--timeout", "1s", "job", "list"], None),
                       (["db", "doctor"], {"ATLANTIS_TIDE_TIMEOUT": "1s"}),
                       (["--timeout", "1s", "queue", "stats"], None)):
-        got = tide(url, *argv, check=False, timeout=30, env=env)
+        got = tide(url, *argv, check=False, env=env)
         assert got.returncode == 1 and got.stdout == ""
         line = _last_line(got)
         assert line.startswith("tide: cannot connect to ") and line.endswith(CONNECT_TOO_SLOW)
@@ -210,7 +211,7 @@ def test_a_server_that_stops_answering_after_connect_is_one_line_and_exit_1(
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "stall"})
     peer = silent_peer(_unix_socket(db_url))
     for argv in (["db", "doctor"], ["job", "cancel", str(job_id)]):
-        got = tide(peer.url(db_url), "--timeout", "1s", *argv, check=False, timeout=30)
+        got = tide(peer.url(db_url), "--timeout", "1s", *argv, check=False)
         assert (got.returncode, got.stdout, _last_line(got)) == (1, "", STATEMENT_TOO_SLOW)
     assert tide(db_url, "job", "status", str(job_id), "--json").returncode == 0
 
@@ -222,7 +223,7 @@ def test_a_statement_blocked_by_a_lock_is_cancelled_at_the_deadline(
     holder.execute("LOCK TABLE atlantis.jobs IN ACCESS EXCLUSIVE MODE")
     try:
         for argv in (["job", "cancel", str(job_id)], ["db", "doctor"], ["job", "list"]):
-            got = tide(db_url, "--timeout", "1s", *argv, check=False, timeout=30)
+            got = tide(db_url, "--timeout", "1s", *argv, check=False)
             assert (got.returncode, got.stdout, _last_line(got)) == (1, "", STATEMENT_TOO_SLOW)
         waiting = db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
                              "'tide' AND wait_event_type = 'Lock'").fetchone()

@@ -21,7 +21,7 @@ import pytest
 import atlantis
 from atlantis.store import migrate
 from atlantis.store.migrate import ROLES, migrations, roles_sql
-from tests.conftest import BIN, ROOT, job_row, url_for, wait_for, wait_state
+from tests.conftest import BIN, ROOT, job_row, run_tide, url_for, wait_for, wait_state
 from tests.test_operations import make_dead
 
 #: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
@@ -32,8 +32,7 @@ MIB = 1048576
 
 
 def tide(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "tide"), "--database-url", url, *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return run_tide(["--database-url", url, *args], check=False)
 
 
 def as_user(url: str, user: str) -> str:

@@ -18,15 +18,14 @@ import pytest
 import atlantis
 from atlantis.store.queries import Q
 from atlantis.store.supervision import Renewal, Result, finish_params, renew_params
-from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
+from tests.conftest import events, job_row, run_tide, wait_for, wait_state
 from tests.test_operations import make_dead
 
 APP = "tests.apps.ops:registry"
 
 
 def tide(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
-                          capture_output=True, text=True, cwd=ROOT, check=check, timeout=60)
+    return run_tide(["--database-url", db_url, *args], check=check)
 
 
 def _lines(out: str) -> list[str]:

@@ -18,13 +18,12 @@ import pytest
 import atlantis
 from atlantis.store import fleet, migrate
 from atlantis.store.migrate import migrations
-from tests.conftest import BIN, ROOT, job_row, url_for, wait_for, wait_state
+from tests.conftest import BIN, ROOT, job_row, run_tide, url_for, wait_for, wait_state
 from tests.test_operations import make_dead, make_running
 
 
 def tide(db_url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
-                          capture_output=True, text=True, cwd=ROOT, check=check, timeout=60)
+    return run_tide(["--database-url", db_url, *args], check=check)
 
 
 def test_gen_writes_and_checks(tmp_path: Path, db_url: str) -> None:

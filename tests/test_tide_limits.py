@@ -1,7 +1,7 @@
 """The operators' side of limits: `tide queue limit`, the limits in `tide queue stats`, what
 holds a waiting job in `tide job status`, the Python call behind them
 (:func:`atlantis.operations.set_queue_limit`) and the supervisor's limit gauges. Real
-PostgreSQL, real ``tide`` processes, a real supervisor for the gauges.
+PostgreSQL, ``tide`` in-process (click's runner), a real supervisor for the gauges.
 
 The jobs are tests/apps/limited.atl's (synced into every test database, queue ``limited``):
 limited.PerKey runs at most one at a time per ``key``. A job is made to run by claiming it

@@ -1,5 +1,5 @@
 """`tide workflow start|status|list|cancel|retry` end to end, `tide job` on a workflow's row,
-and the supervisor's workflow gauges: real PostgreSQL, real ``tide`` processes, and real
+and the supervisor's workflow gauges: real PostgreSQL, ``tide`` in-process (click's runner), and real
 supervisors where the workflow has to run.
 
 The workflows are the console test app's (tests/apps/console_app.atl, synced into every
