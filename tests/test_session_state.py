@@ -39,6 +39,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "atlantis"
 SQL_FILES = sorted((PACKAGE / "store").glob("*.sql")) + sorted(
+    (PACKAGE / "store" / "live").glob("*.sql")) + sorted(
     (PACKAGE / "store" / "migrations").glob("*.sql"))
 
 #: Named queries that LISTEN: run only on the LISTEN connections (the supervisor's, which
