@@ -25,8 +25,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from atlantis import limits, tracing
-from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
+from atlantis.limits import json_depth, too_deep
 from atlantis.store import caller
 from atlantis.store.queries import Q
 from atlantis.units import MAX_DURATION, MAX_TEXT, int_problem
@@ -241,22 +241,8 @@ def _reason(exc: BaseException, value: Any) -> str:
     if isinstance(exc, _UnsendableError):
         return str(exc)
     if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
-        return f"nested {json_depth(value)} levels deep, more than the limit of {MAX_DEPTH}"
+        return too_deep(json_depth(value))
     return f"cannot be written as JSON: {exc}"
-
-
-def json_depth(value: Any) -> int:
-    """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or dict."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list | tuple):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item)
-    return deepest
 
 
 def _is_non_finite(value: Any) -> bool:

@@ -828,6 +828,35 @@ CREATE OR REPLACE FUNCTION atlantis.cancel_message(by text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 'cancelled by ' || coalesce(by, 'an operator') $$;
 
+-- The error entry of an attempt ended by a cancel, as every path writes it (migration
+-- 0026): an operator's atlantis.cancel and a workflow's halt (functions.sql), and the
+-- finish, rescue and release statements (queries.sql). The supervisor's own entry
+-- (policy.cancel_error) says only kind and attempt; the finish statement completes it
+-- here. Without a canceller, no `by`.
+CREATE OR REPLACE FUNCTION atlantis.cancel_entry(run int, attempt int, by text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'run', run, 'attempt', attempt, 'kind', 'cancelled',
+        'message', atlantis.cancel_message(by), 'by', by))
+$$;
+
+-- Whether a failed attempt was its job's last: the row ends dead instead of going back to
+-- available (migration 0026). The rescue asks it; the supervisor's policy
+-- (atlantis.supervisor.policy.out_of_attempts) decides the same for the finish statement,
+-- and tests/test_rules.py checks that the two agree.
+CREATE OR REPLACE FUNCTION atlantis.out_of_attempts(attempt int, max_attempts int)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT attempt >= max_attempts $$;
+
+-- A checkpoint's message as a row keeps it: its first 256 characters (atlantis/limits.py's
+-- MAX_PROGRESS_MSG; the supervisor caps it the same way, policy.progress_text, before it
+-- is sent; migration 0026).
+CREATE OR REPLACE FUNCTION atlantis.progress_text(msg text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT left(msg, 256) $$;
+
 
 -- ---- Operators: stalls, cancel, retry, pause, resume, delete, prune ---------------------
 
@@ -876,13 +905,12 @@ BEGIN
         RAISE EXCEPTION 'no job with id %', cancel.job_id USING ERRCODE = 'ATL04';
     END IF;
     IF j.state = 'available' THEN
-        message := format('cancelled by %s', who);
+        message := atlantis.cancel_message(who);
         UPDATE atlantis.jobs
            SET state = 'cancelled', finished_at = now(), cancelled_by = who,
                last_error = message, error_count = error_count + 1,
-               errors = atlantis.errors_append(errors, jsonb_build_object(
-                   'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-                   'message', message, 'at', now(), 'by', who))
+               errors = atlantis.errors_append(errors, atlantis.cancel_entry(j.run, j.attempt, who)
+                                                       || jsonb_build_object('at', now()))
          WHERE id = j.id;
         RETURN 'cancelled';
     END IF;
@@ -1518,9 +1546,8 @@ BEGIN
         UPDATE atlantis.jobs j
            SET state = 'cancelled', finished_at = now(), cancelled_by = who,
                last_error = message, error_count = j.error_count + 1,
-               errors = atlantis.errors_append(j.errors, jsonb_build_object(
-                   'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-                   'message', message, 'at', now(), 'by', who))
+               errors = atlantis.errors_append(j.errors, atlantis.cancel_entry(j.run, j.attempt, who)
+                                                         || jsonb_build_object('at', now()))
          WHERE j.id = r.id AND j.state = 'available';
         n := n + 1;
     END LOOP;

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from atlantis.limits import MAX_ERROR_TEXT
+from atlantis.limits import MAX_ERROR_TEXT, MAX_PROGRESS_MSG
 from atlantis.protocol import results
 from atlantis.protocol.messages import ChildError, Done, clean
 from atlantis.protocol.messages import clip as cut
@@ -114,6 +114,20 @@ def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     return cut(clean(text), limit)
 
 
+def progress_text(msg: str) -> str:
+    """A checkpoint's message as its row keeps it: cleaned, its first
+    :data:`~atlantis.limits.MAX_PROGRESS_MSG` characters, as the database's
+    ``atlantis.progress_text`` cuts it (the renew and finish statements ask that too). No
+    note of what was cut: the row would not keep it."""
+    return clean(msg)[:MAX_PROGRESS_MSG]
+
+
+def out_of_attempts(attempt: int, max_attempts: int) -> bool:
+    """Whether a failed attempt was its job's last: the row ends ``dead``. The rescue asks
+    the database's ``atlantis.out_of_attempts``, the same rule (tests/test_rules.py)."""
+    return attempt >= max_attempts
+
+
 def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str, **more: Any) -> Verdict:
     """A failed attempt: retried after a backoff while attempts remain, else dead."""
     return failed(facts, limits, {"attempt": facts.attempt, "kind": kind,
@@ -124,7 +138,7 @@ def failed(facts: AttemptFacts, limits: Limits, error: dict[str, Any]) -> Verdic
     """A failed attempt with its ``error``: back to ``available`` to wait for the job's
     backoff while attempts remain (the delay is the database's, see :class:`Verdict`),
     else ``dead``."""
-    if facts.attempt >= facts.max_attempts:
+    if out_of_attempts(facts.attempt, facts.max_attempts):
         return Verdict("dead", True, error=error, label="failed")
     return Verdict("available", True, backoff=limits.max_backoff, error=error, label="failed")
 
@@ -156,8 +170,9 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
 
 def cancel_error(facts: AttemptFacts) -> dict[str, Any]:
     """The error of an attempt stopped for a cancel. The supervisor does not know who asked:
-    the finish statement (queries.sql) rewrites the message from the row's ``cancelled_by``
-    ("cancelled by alice") and adds ``by``."""
+    the finish statement (queries.sql) completes it with ``atlantis.cancel_entry``, the
+    entry every cancel writes (the message from the row's ``cancelled_by``, "cancelled by
+    alice", and ``by``)."""
     return {"attempt": facts.attempt, "kind": "cancelled", "message": "cancelled by an operator"}
 
 
