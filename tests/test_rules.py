@@ -19,6 +19,7 @@ import pytest
 
 import atlantis
 from atlantis import limits
+from atlantis.enqueue import EnqueueOptions
 from atlantis.protocol.messages import Done
 from atlantis.store import Q
 from atlantis.store.supervision import Progress, Result, finish_params
@@ -205,3 +206,15 @@ def test_a_json_depth_is_counted_alike_by_python_and_sql(db: psycopg.Connection[
     found = [db.execute("SELECT atlantis.jsonb_depth(%s::jsonb)",
                         (orjson.dumps(v).decode(),)).fetchone() for v in values]
     assert [f[0] if f else None for f in found] == [limits.json_depth(v) for v in values]
+
+
+def test_the_enqueue_options_are_one_set_checked_once(db: psycopg.Connection[Any]) -> None:
+    """Every enqueue takes :class:`EnqueueOptions` and nothing else: a misspelt option is
+    refused as Python refuses an unknown keyword, before anything is written."""
+    with pytest.raises(TypeError, match="'prio'"):
+        atlantis.enqueue(db, "tests.Echo", {"key": "o"}, prio=1)  # type: ignore[call-arg]
+    with pytest.raises(atlantis.ValidationError, match="priority"):
+        atlantis.enqueue(db, "tests.Echo", {"key": "o"}, priority="high")  # type: ignore[arg-type]
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "o"}, priority=-3, queue="tests")
+    assert job_row(db, job_id)["priority"] == -3
+    assert sorted(EnqueueOptions.__annotations__) == ["delay", "priority", "queue", "run_at"]
