@@ -18,15 +18,15 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
 from atlantis import limits, tracing
-from atlantis.declarations.checks import MAX_DEPTH
 from atlantis.errors import UnknownJobError, ValidationError
+from atlantis.limits import json_depth, too_deep
 from atlantis.store import caller
 from atlantis.store.queries import Q
 from atlantis.units import MAX_DURATION, MAX_TEXT, int_problem
@@ -45,15 +45,32 @@ _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
 
 
-def _params(
-    job: str,
-    args_list: Iterable[Mapping[str, Any]],
-    delay: float | timedelta | None,
-    run_at: datetime | None,
-    priority: int | None,
-    queue: str | None,
-) -> dict[str, Any]:
-    delay = _delay(job, delay)
+class EnqueueOptions(TypedDict, total=False):
+    """What every enqueue takes besides the job and its args, written once: the core API
+    (:func:`enqueue`, :func:`enqueue_many` and their async twins) and the Django and
+    SQLAlchemy helpers take these keywords (``**options``) and pass them on; :func:`_params`
+    checks them, once, for all."""
+
+    delay: float | timedelta | None
+    """Run no sooner than this long after the enqueue (seconds, or a timedelta)."""
+    run_at: datetime | None
+    """Run no sooner than this instant (a datetime with a time zone)."""
+    priority: int | None
+    """Replaces the declared priority for these jobs: lower runs first."""
+    queue: str | None
+    """Replaces the declared queue for these jobs."""
+
+
+_OPTIONS = frozenset(EnqueueOptions.__annotations__)
+
+
+def _params(job: str, args_list: Iterable[Mapping[str, Any]],
+            options: EnqueueOptions) -> dict[str, Any]:
+    unknown = sorted(options.keys() - _OPTIONS)
+    if unknown:
+        raise TypeError(f"enqueue got an unexpected keyword argument {unknown[0]!r}")
+    delay = _delay(job, options.get("delay"))
+    run_at, priority = options.get("run_at"), options.get("priority")
     _check_run_at(job, run_at)
     _check_priority(priority)
     return {
@@ -61,7 +78,7 @@ def _params(
         "args": [Jsonb(_encode(job, a), dumps=_as_is) for a in args_list],
         "run_at": run_at,
         "priority": priority,
-        "queue": queue,
+        "queue": options.get("queue"),
         "delay": delay,
         "trace_context": trace_context(),
     }
@@ -241,22 +258,8 @@ def _reason(exc: BaseException, value: Any) -> str:
     if isinstance(exc, _UnsendableError):
         return str(exc)
     if isinstance(exc, RecursionError) or "Recursion limit" in str(exc):
-        return f"nested {json_depth(value)} levels deep, more than the limit of {MAX_DEPTH}"
+        return too_deep(json_depth(value))
     return f"cannot be written as JSON: {exc}"
-
-
-def json_depth(value: Any) -> int:
-    """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or dict."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list | tuple):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item)
-    return deepest
 
 
 def _is_non_finite(value: Any) -> bool:
@@ -305,11 +308,7 @@ def enqueue_many(
     conn: psycopg.Connection[Any],
     job: str,
     args_list: Iterable[Mapping[str, Any]],
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """Insert one row per args in one round trip; returns the ids in order.
 
@@ -319,7 +318,7 @@ def enqueue_many(
     transaction usable: inside an open transaction a savepoint undoes the statement; with
     none open, the implicit transaction that held only this statement is rolled back.
     """
-    params = _params(job, args_list, delay, run_at, priority, queue)
+    params = _params(job, args_list, options)
     return _ids(caller.fetch_one(conn, Q.enqueue_many, params, translate=translate))
 
 
@@ -327,33 +326,23 @@ def enqueue(
     conn: psycopg.Connection[Any],
     job: str,
     args: Mapping[str, Any] | None = None,
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """Enqueue one job; returns its id. Visible to workers when the caller commits.
 
     ``priority`` (an ``int``) replaces the declared one for this job: lower runs first.
     """
-    return enqueue_many(
-        conn, job, [args or {}], delay=delay, run_at=run_at, priority=priority, queue=queue
-    )[0]
+    return enqueue_many(conn, job, [args or {}], **options)[0]
 
 
 async def enqueue_many_async(
     conn: psycopg.AsyncConnection[Any],
     job: str,
     args_list: Iterable[Mapping[str, Any]],
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """The twin of :func:`enqueue_many` for psycopg's ``AsyncConnection``."""
-    params = _params(job, args_list, delay, run_at, priority, queue)
+    params = _params(job, args_list, options)
     return _ids(await caller.fetch_one_async(conn, Q.enqueue_many, params, translate=translate))
 
 
@@ -361,14 +350,7 @@ async def enqueue_async(
     conn: psycopg.AsyncConnection[Any],
     job: str,
     args: Mapping[str, Any] | None = None,
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """The twin of :func:`enqueue` for psycopg's ``AsyncConnection``."""
-    ids = await enqueue_many_async(
-        conn, job, [args or {}], delay=delay, run_at=run_at, priority=priority, queue=queue
-    )
-    return ids[0]
+    return (await enqueue_many_async(conn, job, [args or {}], **options))[0]

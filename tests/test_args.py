@@ -20,8 +20,8 @@ import pytest
 import atlantis
 from atlantis.declarations import JobDecl, parse_atl
 from atlantis.declarations.values import ArgsError, decode_args
-from atlantis.enqueue import json_depth as depth
 from atlantis.errors import ValidationError
+from atlantis.limits import json_depth as depth
 from tests.apps.values import registry, type_name
 
 BIG = registry.decls["values.Big"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from atlantis.store.supervision import ClaimedRow
+import orjson
+
+from atlantis.store.supervision import ClaimedRow, finish_params
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.ledger import Ledger
@@ -142,7 +144,7 @@ def test_a_row_cancelled_before_a_child_takes_it_never_starts() -> None:
 
 def test_a_batch_to_write_takes_its_workflows_in_one_order() -> None:
     """Two batches locking two workflows in opposite orders would deadlock (each finish of a
-    step locks its workflow): every batch takes them by id."""
+    step locks its workflow): the store sends every batch's rows by workflow id."""
     ledger, clock = _ledger()
     for job_id, workflow_id in ((1, 9), (2, None), (3, 4), (4, 9), (5, 4)):
         row = ClaimedRow(job_id, "q.Job", "q", "{}", 1, 3, False, 60.0, 30.0, 1.0,
@@ -150,5 +152,5 @@ def test_a_batch_to_write_takes_its_workflows_in_one_order() -> None:
         a = ledger.claimed(row, clock())
         ledger.started(a)
         ledger.end(a, policy.RELEASE)
-    order = [a.row.workflow_id for a, _ in ledger.take_ended(10)]
-    assert order == [None, 4, 4, 9, 9]
+    params = finish_params("w", [r for _, r in ledger.take_ended(10)])
+    assert [r["id"] for r in orjson.loads(params["results"])] == [2, 3, 5, 1, 4]

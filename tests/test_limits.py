@@ -99,8 +99,15 @@ def test_the_database_keeps_progress_messages_of_max_progress_msg(
     db.execute(update, (limits.MAX_PROGRESS_MSG, job_id))
     with pytest.raises(psycopg.errors.CheckViolation, match="jobs_progress_msg_check"):
         db.execute(update, (limits.MAX_PROGRESS_MSG + 1, job_id))
-    # The statements that store a checkpoint's message cut it to the same length.
+    # The statements that store a checkpoint's message cut it to the same length, through
+    # one function (atlantis.progress_text), and none cuts it on its own.
     store = resources.files("atlantis.store")
-    cuts = [int(n) for entry in store.iterdir() if entry.name.endswith(".sql")
-            for n in re.findall(r"\bleft\(\w+\.msg, (\d+)\)", entry.read_text("utf-8"))]
-    assert cuts and set(cuts) == {limits.MAX_PROGRESS_MSG}, cuts
+    texts = {entry.name: entry.read_text("utf-8")
+             for entry in [*store.iterdir(), *store.joinpath("live").iterdir()]
+             if entry.name.endswith(".sql") and entry.name != "schema.sql"}
+    cuts = [int(n) for text in texts.values() for n in re.findall(
+        r"progress_text\(msg text\) RETURNS text\s+LANGUAGE sql IMMUTABLE PARALLEL SAFE\s+"
+        r"AS \$\$ SELECT left\(msg, (\d+)\) \$\$", text)]
+    assert cuts == [limits.MAX_PROGRESS_MSG], cuts
+    assert not any(re.search(r"\bleft\(\w+\.msg\b", text) for text in texts.values())
+    assert sum(text.count("atlantis.progress_text(") for text in texts.values()) >= 2

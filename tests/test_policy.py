@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +64,20 @@ def test_backoff_is_exponential_jittered_and_capped() -> None:
     assert policy.backoff(10, 30, cap=60, rand=0.5) == 60.0
     assert policy.backoff(10, 2**31 - 2, cap=60, rand=0.5) == 60.0  # no overflow
     assert policy.backoff(0, 5, cap=60) == 0.0
+    full = [policy.backoff(10, 3, cap=60, full_jitter=True) for _ in range(50)]
+    assert all(0 <= d <= 40 for d in full) and min(full) < 20 < max(full)
+    assert policy.backoff(10, 30, cap=60, full_jitter=True) <= 60
+
+
+def test_the_supervisor_paces_itself_with_one_backoff() -> None:
+    """Reconnects, the start's wait for the database, respawns, restarts, claims and
+    schedules all wait :func:`policy.backoff_wait`: no module but the policy picks a wait."""
+    package = Path(policy.__file__).resolve().parent.parent
+    others = [path.relative_to(package) for path in package.rglob("*.py")
+              if path.name != "policy.py" and re.search(
+                  r"\bwait_(random_)?exponential|\bwait_exponential_jitter|\b2(\.0)? ?\*\* ?[a-z(]",
+                  path.read_text("utf-8"))]
+    assert others == []
 
 
 @pytest.mark.parametrize(("reason", "state", "kind", "spent"), [

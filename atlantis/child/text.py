@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 
 from atlantis.child.exits import Terminated
-from atlantis.limits import MAX_CHECKPOINT_CHARS, MAX_ERROR_TEXT
+from atlantis.limits import MAX_CHECKPOINT_CHARS, MAX_ERROR_TEXT, clamp_pct
 from atlantis.protocol.messages import ChildError, ErrorKind, clean, clip
 
 #: Error messages and tracebacks past this size are cut (see :mod:`atlantis.limits`).
@@ -112,7 +112,8 @@ def snooze_problem(seconds: object) -> str | None:
 
 
 def checkpoint_pct(pct: object) -> float | None:
-    """``None`` for NaN (as the protocol says), infinities clamped to 0 or 100."""
+    """``None`` for NaN (as the protocol says), infinities clamped to 0 or 100 (JSON cannot
+    carry them; the row keeps :func:`~atlantis.limits.clamp_pct` of the rest)."""
     try:
         value = float(pct)  # type: ignore[arg-type]
     except Terminated:
@@ -122,7 +123,7 @@ def checkpoint_pct(pct: object) -> float | None:
     if math.isnan(value):
         return None
     if math.isinf(value):
-        return 100.0 if value > 0 else 0.0
+        return float(clamp_pct(value))
     return value
 
 

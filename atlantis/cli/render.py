@@ -15,6 +15,7 @@ import click
 import orjson
 
 from atlantis.cli.escape import safe
+from atlantis.limits import clamp_pct
 from atlantis.presentation import job_estimate
 from atlantis.store.admin import AttemptRow, JobRow, parse_worker
 from atlantis.units import format_duration
@@ -70,7 +71,7 @@ def since(then: datetime | None, now: datetime) -> str:
 
 
 def progress_bar(pct: float | None, width: int = BAR_WIDTH) -> str:
-    value = 0 if pct is None else max(0, min(100, round(pct)))
+    value = clamp_pct(pct)
     filled = round(width * value / 100)
     return "[" + "#" * filled + "-" * (width - filled) + f"] {value:3d}%"
 

@@ -24,7 +24,7 @@ from atlantis.declarations.formats import (
 )
 from atlantis.declarations.model import Field
 from atlantis.declarations.raw import Source, Tree, error, position, subtrees, tokens
-from atlantis.limits import MAX_DEPTH, MAX_NUMBER_CHARS
+from atlantis.limits import MAX_DEPTH, MAX_NUMBER_CHARS, too_deep
 from atlantis.units import INT_RANGES, MAX_TEXT, DurationTooLongError, parse_duration
 
 __all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "Literals"]
@@ -268,4 +268,4 @@ def _depth(tree: Tree) -> int:
 
 
 def _too_deep(what: str, depth: int) -> str:
-    return f"{what} nested {depth} levels deep, more than the limit of {MAX_DEPTH}"
+    return f"{what} {too_deep(depth)}"

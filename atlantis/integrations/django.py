@@ -33,13 +33,13 @@ do.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from django.db import connections
 
 import atlantis
+from atlantis.enqueue import EnqueueOptions
 from atlantis.errors import ConfigurationError
 from atlantis.integrations.common import check_not_aborted
 
@@ -77,14 +77,10 @@ def enqueue(
     args: Mapping[str, Any] | None = None,
     *,
     using: str = "default",
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """:func:`atlantis.enqueue` on Django's connection ``using``; returns the job's id."""
-    return atlantis.enqueue(connection(using), job, args, delay=delay, run_at=run_at,
-                            priority=priority, queue=queue)
+    return atlantis.enqueue(connection(using), job, args, **options)
 
 
 def enqueue_many(
@@ -92,14 +88,10 @@ def enqueue_many(
     args_list: Iterable[Mapping[str, Any]],
     *,
     using: str = "default",
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """:func:`atlantis.enqueue_many` on Django's connection ``using``; the ids in order."""
-    return atlantis.enqueue_many(connection(using), job, args_list, delay=delay, run_at=run_at,
-                                 priority=priority, queue=queue)
+    return atlantis.enqueue_many(connection(using), job, args_list, **options)
 
 
 def start_workflow(name: str, args: Mapping[str, Any] | None = None, *,

@@ -34,14 +34,14 @@ PgBouncer in transaction mode.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, Unpack
 
 import psycopg
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session, scoped_session
 
 import atlantis
+from atlantis.enqueue import EnqueueOptions
 from atlantis.errors import ConfigurationError
 from atlantis.integrations.common import check_not_aborted
 
@@ -99,30 +99,20 @@ def enqueue(
     bind: Bind,
     job: str,
     args: Mapping[str, Any] | None = None,
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """:func:`atlantis.enqueue` in the transaction of ``bind``; returns the job's id."""
-    return atlantis.enqueue(connection(bind), job, args, delay=delay, run_at=run_at,
-                            priority=priority, queue=queue)
+    return atlantis.enqueue(connection(bind), job, args, **options)
 
 
 def enqueue_many(
     bind: Bind,
     job: str,
     args_list: Iterable[Mapping[str, Any]],
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """:func:`atlantis.enqueue_many` in the transaction of ``bind``; the ids in order."""
-    return atlantis.enqueue_many(connection(bind), job, args_list, delay=delay, run_at=run_at,
-                                 priority=priority, queue=queue)
+    return atlantis.enqueue_many(connection(bind), job, args_list, **options)
 
 
 def start_workflow(bind: Bind, name: str, args: Mapping[str, Any] | None = None) -> int:
@@ -139,31 +129,20 @@ async def enqueue_async(
     bind: AsyncBind,
     job: str,
     args: Mapping[str, Any] | None = None,
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> int:
     """:func:`atlantis.enqueue_async` in the transaction of ``bind``; the job's id."""
-    return await atlantis.enqueue_async(await async_connection(bind), job, args, delay=delay,
-                                        run_at=run_at, priority=priority, queue=queue)
+    return await atlantis.enqueue_async(await async_connection(bind), job, args, **options)
 
 
 async def enqueue_many_async(
     bind: AsyncBind,
     job: str,
     args_list: Iterable[Mapping[str, Any]],
-    *,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    queue: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[int]:
     """:func:`atlantis.enqueue_many_async` in the transaction of ``bind``; the ids."""
-    return await atlantis.enqueue_many_async(await async_connection(bind), job, args_list,
-                                             delay=delay, run_at=run_at, priority=priority,
-                                             queue=queue)
+    return await atlantis.enqueue_many_async(await async_connection(bind), job, args_list, **options)
 
 
 async def start_workflow_async(bind: AsyncBind, name: str,

@@ -24,7 +24,7 @@ import re
 
 import orjson
 
-from atlantis.limits import MAX_DEPTH, MAX_RESULT_BYTES
+from atlantis.limits import MAX_DEPTH, MAX_RESULT_BYTES, json_depth, too_deep
 
 # A ``\u0000`` escape in JSON text: preceded by an even number of backslashes (an odd one
 # would make it the text ``\u0000``, an escaped backslash then ``u0000``, which jsonb takes).
@@ -98,7 +98,7 @@ def check(text: str) -> tuple[str | None, str | None]:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         return None, f"it is not valid JSON ({_text(exc)})"
-    depth = _depth(value)  # first: orjson writes at most 254 levels
+    depth = json_depth(value)  # first: orjson writes at most 254 levels
     if depth > MAX_DEPTH:
         return None, _too_deep(depth)
     try:
@@ -117,28 +117,14 @@ def _problem(data: bytes, value: object = None) -> str | None:
     # Only JSON with more brackets than the limit can nest deeper: then look (parsed, as
     # orjson reads it at most 1024 deep).
     if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
-        depth = _depth(orjson.loads(data) if value is None else value)
+        depth = json_depth(orjson.loads(data) if value is None else value)
         if depth > MAX_DEPTH:
             return _too_deep(depth)
     return None
 
 
 def _too_deep(depth: int) -> str:
-    return f"it is nested {depth} levels deep, more than the limit of {MAX_DEPTH}"
-
-
-def _depth(value: object) -> int:
-    """Nesting depth: 0 for a scalar, 1 + the deepest member for a list or an object."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((v, level + 1) for v in item)
-    return deepest
+    return f"it is {too_deep(depth)}"
 
 
 def _too_large(size: int) -> str:

@@ -69,7 +69,7 @@ UPDATE atlantis.jobs j
    SET claimed_until = now() + j.heartbeat,
        progress_pct = CASE WHEN r.has_progress THEN atlantis.clamp_pct(r.pct)
                            ELSE j.progress_pct END,
-       progress_msg = CASE WHEN r.has_progress THEN left(r.msg, 256) ELSE j.progress_msg END,
+       progress_msg = CASE WHEN r.has_progress THEN atlantis.progress_text(r.msg) ELSE j.progress_msg END,
        progress_at = CASE WHEN r.has_progress THEN now() ELSE j.progress_at END,
        progress_history = CASE
            WHEN NOT r.has_progress THEN j.progress_history
@@ -130,17 +130,14 @@ WITH r AS (
            j.cancel_requested_at IS NOT NULL
                AND coalesce(r.error->>'kind', '') <> 'cancelled' AS cancelling,
            -- The outcome's error as written: with the run, and a `cancelled` one (the
-           -- supervisor stopped the attempt for a cancel) naming who cancelled.
+           -- supervisor stopped the attempt for a cancel) the entry every cancel writes
+           -- (atlantis.cancel_entry), naming who cancelled.
            CASE WHEN r.error IS NULL THEN NULL
-                WHEN r.error->>'kind' = 'cancelled' THEN r.error || jsonb_strip_nulls(
-                     jsonb_build_object('run', j.run,
-                                        'message', atlantis.cancel_message(j.cancelled_by),
-                                        'by', j.cancelled_by))
+                WHEN r.error->>'kind' = 'cancelled'
+                THEN r.error || atlantis.cancel_entry(j.run, j.attempt, j.cancelled_by)
                 ELSE r.error || jsonb_build_object('run', j.run) END AS err,
-           CASE WHEN j.cancel_requested_at IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object(
-               'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-               'message', atlantis.cancel_message(j.cancelled_by),
-               'by', j.cancelled_by)) END AS cancel_error
+           CASE WHEN j.cancel_requested_at IS NOT NULL
+                THEN atlantis.cancel_entry(j.run, j.attempt, j.cancelled_by) END AS cancel_error
       -- Row by row through the primary key, whatever the planner thinks of the JSON's size:
       -- joined the other way, every running row of this worker met every result (the
       -- rows of a backlog of results are still running: a batch cost grew with the backlog).
@@ -168,7 +165,7 @@ WITH r AS (
                               THEN now() END,
            progress_pct = CASE WHEN cur.has_progress THEN atlantis.clamp_pct(cur.pct)
                                ELSE j.progress_pct END,
-           progress_msg = CASE WHEN cur.has_progress THEN left(cur.msg, 256) ELSE j.progress_msg END,
+           progress_msg = CASE WHEN cur.has_progress THEN atlantis.progress_text(cur.msg) ELSE j.progress_msg END,
            progress_at = CASE WHEN cur.has_progress THEN now() ELSE j.progress_at END,
            result = CASE WHEN NOT cur.cancelling AND cur.state = 'complete' THEN cur.result
                          ELSE j.result END,
@@ -241,34 +238,33 @@ WITH expired AS MATERIALIZED (
 ), done AS (
     UPDATE atlantis.jobs j
        SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                        WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+                        WHEN atlantis.out_of_attempts(j.attempt, j.max_attempts) THEN 'dead'
+                        ELSE 'available' END,
            run_at = now() + CASE
-               WHEN j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts
+               WHEN j.cancel_requested_at IS NULL
+                    AND NOT atlantis.out_of_attempts(j.attempt, j.max_attempts)
                     AND j.errors->-1 @> jsonb_build_object('kind', 'lease_expired', 'run', j.run,
                                                            'attempt', j.attempt - 1)
                THEN atlantis.retry_delay(j.backoff, j.attempt,
                                          make_interval(secs => %(max_backoff)s::float8))
                ELSE interval '0' END,
            claimed_until = NULL,
-           finished_at = CASE WHEN j.attempt >= j.max_attempts OR j.cancel_requested_at IS NOT NULL
-                              THEN now() END,
+           finished_at = CASE WHEN atlantis.out_of_attempts(j.attempt, j.max_attempts)
+                                   OR j.cancel_requested_at IS NOT NULL THEN now() END,
            last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
                              THEN atlantis.cancel_message(j.cancelled_by)
                              ELSE format('lease expired, worker %%s presumed dead', j.claimed_by) END,
            error_count = j.error_count + 1,
-           errors = atlantis.errors_append(j.errors, jsonb_build_object(
-               'run', j.run, 'attempt', j.attempt,
-               'kind', CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                            ELSE 'lease_expired' END,
-               'message', CASE WHEN j.cancel_requested_at IS NOT NULL
-                               THEN atlantis.cancel_message(j.cancelled_by)
-                                    || format(' (lease expired, worker %%s presumed dead)',
-                                              j.claimed_by)
-                               ELSE format('lease expired, worker %%s presumed dead', j.claimed_by)
-                          END,
-               'at', now(), 'worker', j.claimed_by, 'rescued_by', %(worker)s::text)
-               || CASE WHEN j.cancel_requested_at IS NOT NULL AND j.cancelled_by IS NOT NULL
-                       THEN jsonb_build_object('by', j.cancelled_by) ELSE '{}' END)
+           errors = atlantis.errors_append(j.errors, CASE
+               WHEN j.cancel_requested_at IS NOT NULL
+               THEN atlantis.cancel_entry(j.run, j.attempt, j.cancelled_by) || jsonb_build_object(
+                    'message', atlantis.cancel_message(j.cancelled_by)
+                               || format(' (lease expired, worker %%s presumed dead)', j.claimed_by))
+               ELSE jsonb_build_object(
+                    'run', j.run, 'attempt', j.attempt, 'kind', 'lease_expired',
+                    'message', format('lease expired, worker %%s presumed dead', j.claimed_by))
+               END || jsonb_build_object('at', now(), 'worker', j.claimed_by,
+                                         'rescued_by', %(worker)s::text))
       FROM expired
      WHERE j.id = expired.id AND j.state = 'running' AND j.claimed_until < now()
     RETURNING j.id, j.state, j.queue, j.run, j.attempt, j.started_at,
@@ -327,10 +323,10 @@ UPDATE atlantis.jobs
                          ELSE last_error END,
        error_count = error_count + CASE WHEN cancel_requested_at IS NOT NULL THEN 1 ELSE 0 END,
        errors = CASE WHEN cancel_requested_at IS NOT NULL
-                     THEN atlantis.errors_append(errors, jsonb_strip_nulls(jsonb_build_object(
-                          'run', run, 'attempt', attempt - 1, 'kind', 'cancelled',
-                          'message', atlantis.cancel_message(cancelled_by),
-                          'by', cancelled_by, 'at', now(), 'worker', claimed_by)))
+                     THEN atlantis.errors_append(errors, atlantis.cancel_entry(run, attempt - 1,
+                                                                               cancelled_by)
+                          || jsonb_strip_nulls(jsonb_build_object('at', now(),
+                                                                  'worker', claimed_by)))
                      ELSE errors END,
        attempt = attempt - 1, run_at = now(), claimed_until = NULL
  WHERE claimed_by = %(worker)s AND state = 'running' AND NOT (id = ANY(%(known)s::bigint[]))

@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0024) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0025) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -34,6 +34,14 @@ CREATE TYPE atlantis.limit_row AS (
 CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: cancel_entry(integer, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.cancel_entry(run integer, attempt integer, by text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -431,12 +439,28 @@ CREATE FUNCTION atlantis.oldest_due(q text) RETURNS timestamp with time zone
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: out_of_attempts(integer, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.out_of_attempts(attempt integer, max_attempts integer) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: pause(text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
 CREATE FUNCTION atlantis.pause(queue text, reason text DEFAULT NULL::text, by text DEFAULT CURRENT_USER) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: progress_text(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.progress_text(msg text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --

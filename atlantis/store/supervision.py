@@ -119,6 +119,9 @@ class Result:
     """Given (a failed attempt going back to ``available``): the row waits the job's
     backoff for this attempt, at most this many seconds (``atlantis.retry_delay``), not
     ``delay``."""
+    workflow_id: int | None = None
+    """The workflow of a step (or compensation): the finish statement locks it
+    (:func:`finish_params` orders the batch by it)."""
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
@@ -137,7 +140,15 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
                   pid: int | None = None) -> dict[str, Any]:
     """The finish statement's parameters. The results go as one JSON array (orjson: fast,
     and it refuses lone surrogates rather than writing invalid JSON: TypeError). A
-    handler's result is JSON text already, checked: it goes in as it is (a Fragment)."""
+    handler's result is JSON text already, checked: it goes in as it is (a Fragment).
+
+    Steps of workflows go in the order of their workflows' ids: the finish statement
+    writes the rows in the array's order, and ending a step locks its workflow (the trigger
+    ``jobs_workflow_advance``, atlantis.workflow_advance in functions.sql); two batches that took the locks of two
+    workflows in opposite orders would deadlock (PostgreSQL would abort one, and it would
+    be written again a second later). The lock order is the store's, as the trigger is."""
+    if any(r.workflow_id is not None for r in batch):
+        batch = sorted(batch, key=lambda r: r.workflow_id or 0)
     return {
         "results": orjson.dumps([{
             "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,

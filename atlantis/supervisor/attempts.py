@@ -15,9 +15,10 @@ from atlantis.supervisor.policy import AttemptFacts, StopReason
 @dataclass(eq=False)
 class Attempt:
     row: ClaimedRow
-    lease_end: float
-    """CLOCK_MONOTONIC time by which the lease surely ends unless renewed."""
-    renewed_at: float
+    lease_end: float = 0.0
+    """CLOCK_MONOTONIC time by which the lease surely ends unless renewed: written by
+    :meth:`leased` alone."""
+    renewed_at: float = 0.0
     child: Child | None = None
     started: float = 0.0
     checkpoint: Progress | None = None
@@ -72,6 +73,16 @@ class Attempt:
         self.job_id, self.attempt, self.run = row.id, row.attempt, row.run
         self.job, self.queue = row.job, row.queue
         self.heartbeat, self.timeout = row.heartbeat, row.timeout
+
+    def leased(self, sent: float) -> None:
+        """The claim or a renewal that went out at ``sent`` (monotonic) took the lease: it
+        ends a heartbeat later (never later than the row's ``claimed_until``, PostgreSQL's
+        ``now()`` plus the heartbeat). The one writer of :attr:`lease_end`, for the ledger's
+        claim and the leases service's renewals; a running child's lease cell hears it."""
+        self.lease_end = sent + self.heartbeat
+        self.renewed_at = sent
+        if self.child is not None:
+            self.child.set_lease(self.lease_end, self.heartbeat)
 
     @property
     def key(self) -> tuple[int, int, int]:

@@ -19,7 +19,6 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential_jitter,
 )
 from tenacity.stop import stop_base
 
@@ -36,7 +35,7 @@ from atlantis.store.database import (
     redact,
     resolve_url,
 )
-from atlantis.supervisor import logformat
+from atlantis.supervisor import logformat, policy
 from atlantis.supervisor.init import stay_init_if_pid1
 from atlantis.supervisor.metrics import MetricsUnavailable
 from atlantis.supervisor.settings import from_options
@@ -161,7 +160,7 @@ def _prepare(url: str, decls: list[JobDecl], budget: float, early: list[int], *,
     try:
         for attempt in Retrying(
             stop=stop_after_delay(budget) | _StopSignalled(early),
-            wait=wait_exponential_jitter(initial=0.1, max=5.0),
+            wait=policy.backoff_wait(0.1, 5.0),
             retry=retry_if_exception_type(psycopg.OperationalError),
             before_sleep=waiting, reraise=True, sleep=_sleep_unless(early),
         ):

@@ -19,13 +19,12 @@ import os
 import socket
 from collections.abc import Sequence
 
-from atlantis.limits import MAX_PROGRESS_MSG
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import Progress, Result
 from atlantis.supervisor import tracing
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
-from atlantis.supervisor.policy import clip
+from atlantis.supervisor.policy import clip, progress_text
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.tracing import FINISH_SPAN
@@ -160,7 +159,7 @@ def sanitized(result: Result, why: str) -> Result:
     message = clip(str(error.get("message", "")), 1024)
     plain = {"attempt": result.attempt, "kind": str(error.get("kind", "exception"))[:40],
              "message": clip(f"{message} ({why})", 4096)}
-    progress = (Progress(result.progress.pct, clip(result.progress.msg, MAX_PROGRESS_MSG))
+    progress = (Progress(result.progress.pct, progress_text(result.progress.msg))
                 if result.progress else None)
     state = result.state if result.state in ("complete", "dead", "available", "cancelled") else "dead"
     delay = result.delay if 0 <= result.delay <= 86_400 * 365 else 0.0
@@ -168,4 +167,4 @@ def sanitized(result: Result, why: str) -> Result:
         else 0.0
     return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress,
                   result.label[:40], result.child_pid, result.log_lines, result.log_dropped,
-                  result.run, backoff=backoff)
+                  result.run, backoff=backoff, workflow_id=result.workflow_id)

@@ -38,10 +38,9 @@ from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import class_row, dict_row
-from tenacity import RetryCallState, Retrying, wait_random_exponential
 
 from atlantis.store.database import describe_db_error
-from atlantis.supervisor import pooler
+from atlantis.supervisor import policy, pooler
 from atlantis.supervisor.settings import Settings
 from atlantis.units import format_duration
 
@@ -168,8 +167,6 @@ class Db:
         self.pooled: bool | None = True if pooled else None
         """Whether the latest connection goes through a pooler (None: none made yet)."""
         self.timing = timing
-        self._wait = wait_random_exponential(multiplier=timing.reconnect_first,
-                                             max=timing.reconnect_max)
         self.health = health if health is not None else Health(timing.outage_report_every)
         self.connects = 0
         """How many connections this role has opened: a change means a new session."""
@@ -292,10 +289,10 @@ class Db:
             return conn
 
     def _backoff(self) -> float:
-        """tenacity's exponential backoff with full jitter, for the failures so far."""
-        state = RetryCallState(Retrying(wait=self._wait), None, (), {})
-        state.attempt_number = self._failures
-        return float(self._wait(state))
+        """The supervisor's backoff (policy.backoff_wait) with full jitter, for the failures
+        so far: a fleet's reconnects after an outage do not arrive together."""
+        return policy.backoff(self.timing.reconnect_first, self._failures,
+                              cap=self.timing.reconnect_max, full_jitter=True)
 
     async def _run(self, conn: psycopg.AsyncConnection[Any], query: LiteralString,
                    params: dict[str, Any] | None, deadline: float, *, dicts: type[Any] | bool,

@@ -112,10 +112,7 @@ class Leases(Service):
             if a.lost or a.finished:
                 continue  # ended while the renewal was on its way
             if a.job_id in renewed:
-                a.lease_end = sent + a.heartbeat
-                a.renewed_at = sent
-                if a.child is not None:
-                    a.child.set_lease(a.lease_end, a.heartbeat)
+                a.leased(sent)
                 if renewed[a.job_id]:
                     self.ledger.cancel(a.job_id)
             else:

@@ -65,7 +65,8 @@ class Ledger:
     def claimed(self, row: ClaimedRow, sent_at: float) -> Attempt:
         """A row just claimed: an attempt whose lease counts from when the claim went out."""
         self.lost.pop(row.id, None)  # back to us: an older loss of it is over
-        a = Attempt(row=row, lease_end=sent_at + row.heartbeat, renewed_at=sent_at)
+        a = Attempt(row=row)
+        a.leased(sent_at)
         self.tracing.begin(a, self.worker)
         return a
 
@@ -177,19 +178,13 @@ class Ledger:
         self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
                                      a.child_pid, a.log_lines, a.log_dropped, a.run,
-                                     outcome.result, outcome.backoff)))
+                                     outcome.result, outcome.backoff, a.row.workflow_id)))
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:
-        """The next batch to write (the completer): at most ``most`` outcomes.
-
-        Steps of workflows come in the order of their workflows' ids: ending a step locks
-        its workflow (the trigger of migration 0017), and two batches that took the locks
-        of two workflows in opposite orders would deadlock (PostgreSQL would abort one, and
-        it would be written again a second later)."""
+        """The next batch to write (the completer): at most ``most`` outcomes. (The store
+        orders them for the statement: :func:`atlantis.store.supervision.finish_params`.)"""
         self.writing, self.ended = self.ended[:most], self.ended[most:]
-        if any(a.row.workflow_id is not None for a, _ in self.writing):
-            self.writing.sort(key=lambda ended: ended[0].row.workflow_id or 0)
         return self.writing
 
     def written(self, *, again: bool = False) -> None:

@@ -13,7 +13,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from atlantis.limits import MAX_ERROR_TEXT
+from tenacity import RetryCallState, Retrying
+from tenacity.wait import wait_base, wait_exponential, wait_random_exponential
+
+from atlantis.limits import MAX_ERROR_TEXT, MAX_PROGRESS_MSG
 from atlantis.protocol import results
 from atlantis.protocol.messages import ChildError, Done, clean
 from atlantis.protocol.messages import clip as cut
@@ -87,19 +90,46 @@ class Limits:
     max_tasks: int = 0
 
 
-def backoff(base: float, failures: int, *, cap: float, rand: float | None = None) -> float:
-    """Exponential backoff with jitter: ``base * 2^(failures-1)``, +-25%, at most ``cap``.
+class _Spread(wait_exponential):
+    """tenacity's exponential wait, spread +-25% so that many waiters do not move as one."""
 
-    The supervisor's own pacing: respawning children, restarting a crashed service, claims
-    and schedules after an error. Not a job's retry delay: a failed attempt's row waits
-    ``atlantis.retry_delay`` (see :class:`Verdict`), which the rescue applies too, so that
-    the rule has one home. ``rand`` in [0, 1) makes it deterministic for tests.
+    def __init__(self, base: float, cap: float, rand: float | None) -> None:
+        super().__init__(multiplier=base)
+        self.cap, self.rand = cap, rand
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        r = random.random() if self.rand is None else self.rand
+        return min(super().__call__(retry_state) * (0.75 + 0.5 * r), self.cap)
+
+
+def backoff_wait(base: float, cap: float, *, full_jitter: bool = False,
+                 rand: float | None = None) -> wait_base:
+    """The supervisor's one backoff, as a tenacity wait: ``base * 2^(n-1)`` for the n-th
+    failure, at most ``cap``; spread +-25%, or drawn from ``[0, that)`` with ``full_jitter``
+    (the database reconnects of a fleet, which must not arrive together after an outage).
+
+    The supervisor's own pacing: respawning children, restarting a crashed service, claims,
+    schedules and reconnects after an error, the start's wait for the database. Not a job's
+    retry delay: a failed attempt's row waits ``atlantis.retry_delay`` (see :class:`Verdict`),
+    which the rescue applies too, so that the rule has one home. ``rand`` in [0, 1) makes the
+    spread deterministic for tests.
     """
+    if full_jitter:
+        return wait_random_exponential(multiplier=base, max=cap)
+    return _Spread(base, cap, rand)
+
+
+_RETRYING = Retrying()
+
+
+def backoff(base: float, failures: int, *, cap: float, full_jitter: bool = False,
+            rand: float | None = None) -> float:
+    """:func:`backoff_wait` after ``failures`` failures (none: no wait)."""
     if base <= 0 or failures <= 0:
         return 0.0
-    r = random.random() if rand is None else rand
-    exponent = min(failures - 1, 62)
-    return min(base * 2.0**exponent * (0.75 + 0.5 * r), cap)
+    state = RetryCallState(_RETRYING, None, (), {})
+    state.attempt_number = failures
+    return float(backoff_wait(base, cap, full_jitter=full_jitter, rand=rand)(state))
 
 
 def clamp_delay(seconds: float, cap: float) -> float:
@@ -114,6 +144,20 @@ def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     return cut(clean(text), limit)
 
 
+def progress_text(msg: str) -> str:
+    """A checkpoint's message as its row keeps it: cleaned, its first
+    :data:`~atlantis.limits.MAX_PROGRESS_MSG` characters, as the database's
+    ``atlantis.progress_text`` cuts it (the renew and finish statements ask that too). No
+    note of what was cut: the row would not keep it."""
+    return clean(msg)[:MAX_PROGRESS_MSG]
+
+
+def out_of_attempts(attempt: int, max_attempts: int) -> bool:
+    """Whether a failed attempt was its job's last: the row ends ``dead``. The rescue asks
+    the database's ``atlantis.out_of_attempts``, the same rule (tests/test_rules.py)."""
+    return attempt >= max_attempts
+
+
 def failure(facts: AttemptFacts, limits: Limits, kind: str, message: str, **more: Any) -> Verdict:
     """A failed attempt: retried after a backoff while attempts remain, else dead."""
     return failed(facts, limits, {"attempt": facts.attempt, "kind": kind,
@@ -124,7 +168,7 @@ def failed(facts: AttemptFacts, limits: Limits, error: dict[str, Any]) -> Verdic
     """A failed attempt with its ``error``: back to ``available`` to wait for the job's
     backoff while attempts remain (the delay is the database's, see :class:`Verdict`),
     else ``dead``."""
-    if facts.attempt >= facts.max_attempts:
+    if out_of_attempts(facts.attempt, facts.max_attempts):
         return Verdict("dead", True, error=error, label="failed")
     return Verdict("available", True, backoff=limits.max_backoff, error=error, label="failed")
 
@@ -156,8 +200,9 @@ def forced(facts: AttemptFacts, limits: Limits, reason: StopReason | None,
 
 def cancel_error(facts: AttemptFacts) -> dict[str, Any]:
     """The error of an attempt stopped for a cancel. The supervisor does not know who asked:
-    the finish statement (queries.sql) rewrites the message from the row's ``cancelled_by``
-    ("cancelled by alice") and adds ``by``."""
+    the finish statement (queries.sql) completes it with ``atlantis.cancel_entry``, the
+    entry every cancel writes (the message from the row's ``cancelled_by``, "cancelled by
+    alice", and ``by``)."""
     return {"attempt": facts.attempt, "kind": "cancelled", "message": "cancelled by an operator"}
 
 

@@ -15,7 +15,6 @@ import logging
 import signal
 from collections.abc import Iterable
 
-from atlantis.limits import MAX_PROGRESS_MSG
 from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
 from atlantis.store.supervision import Progress
 from atlantis.supervisor import policy
@@ -274,7 +273,7 @@ class Pool(Service):
             return
         if isinstance(msg, Checkpoint):
             a.took_checkpoint(Progress(policy.pct_value(msg.pct),
-                                       policy.clip(msg.msg, MAX_PROGRESS_MSG)), rt.now())
+                                       policy.progress_text(msg.msg)), rt.now())
             self.ledger.tracing.checkpoint(a, msg.pct, msg.msg)
             return
         assert isinstance(msg, Done)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import atlantis
-from atlantis.enqueue import json_depth
+from atlantis.limits import json_depth
 from tests.apps.basic import record
 
 registry = atlantis.Registry.from_atl("values.atl")

@@ -212,3 +212,32 @@ $$;
 CREATE OR REPLACE FUNCTION atlantis.cancel_message(by text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 'cancelled by ' || coalesce(by, 'an operator') $$;
+
+-- The error entry of an attempt ended by a cancel, as every path writes it (migration
+-- 0025): an operator's atlantis.cancel and a workflow's halt (live/operators.sql, live/workflows.sql), and the
+-- finish, rescue and release statements (queries.sql). The supervisor's own entry
+-- (policy.cancel_error) says only kind and attempt; the finish statement completes it
+-- here. Without a canceller, no `by`.
+CREATE OR REPLACE FUNCTION atlantis.cancel_entry(run int, attempt int, by text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'run', run, 'attempt', attempt, 'kind', 'cancelled',
+        'message', atlantis.cancel_message(by), 'by', by))
+$$;
+
+-- Whether a failed attempt was its job's last: the row ends dead instead of going back to
+-- available (migration 0025). The rescue asks it; the supervisor's policy
+-- (atlantis.supervisor.policy.out_of_attempts) decides the same for the finish statement,
+-- and tests/test_rules.py checks that the two agree.
+CREATE OR REPLACE FUNCTION atlantis.out_of_attempts(attempt int, max_attempts int)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT attempt >= max_attempts $$;
+
+-- A checkpoint's message as a row keeps it: its first 256 characters (atlantis/limits.py's
+-- MAX_PROGRESS_MSG; the supervisor caps it the same way, policy.progress_text, before it
+-- is sent; migration 0025).
+CREATE OR REPLACE FUNCTION atlantis.progress_text(msg text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT left(msg, 256) $$;

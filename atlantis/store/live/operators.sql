@@ -45,13 +45,12 @@ BEGIN
         RAISE EXCEPTION 'no job with id %', cancel.job_id USING ERRCODE = 'ATL04';
     END IF;
     IF j.state = 'available' THEN
-        message := format('cancelled by %s', who);
+        message := atlantis.cancel_message(who);
         UPDATE atlantis.jobs
            SET state = 'cancelled', finished_at = now(), cancelled_by = who,
                last_error = message, error_count = error_count + 1,
-               errors = atlantis.errors_append(errors, jsonb_build_object(
-                   'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-                   'message', message, 'at', now(), 'by', who))
+               errors = atlantis.errors_append(errors, atlantis.cancel_entry(j.run, j.attempt, who)
+                                                       || jsonb_build_object('at', now()))
          WHERE id = j.id;
         RETURN 'cancelled';
     END IF;

@@ -223,9 +223,8 @@ BEGIN
         UPDATE atlantis.jobs j
            SET state = 'cancelled', finished_at = now(), cancelled_by = who,
                last_error = message, error_count = j.error_count + 1,
-               errors = atlantis.errors_append(j.errors, jsonb_build_object(
-                   'run', j.run, 'attempt', j.attempt, 'kind', 'cancelled',
-                   'message', message, 'at', now(), 'by', who))
+               errors = atlantis.errors_append(j.errors, atlantis.cancel_entry(j.run, j.attempt, who)
+                                                         || jsonb_build_object('at', now()))
          WHERE j.id = r.id AND j.state = 'available';
         n := n + 1;
     END LOOP;

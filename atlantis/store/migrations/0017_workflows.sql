@@ -1,7 +1,7 @@
 -- Workflows (issue 20): declared steps that depend on each other, results passed between
 -- them, and compensations that undo what ran. A step is an ordinary row of atlantis.jobs
 -- carrying its workflow and step; the job state set does not grow. The functions'
--- bodies live in functions.sql; here they are created with their signatures.
+-- bodies live in atlantis/store/live/*.sql; here they are created with their signatures.
 
 -- A job's row in a workflow, and every job's result.
 ALTER TABLE atlantis.jobs
@@ -98,7 +98,7 @@ SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.prior
        j.workflow_id, j.step, j.compensation, j.result
   FROM atlantis.jobs j;
 
--- The functions, with placeholder bodies: functions.sql defines them.
+-- The functions, with placeholder bodies: atlantis/store/live/*.sql defines them.
 CREATE FUNCTION atlantis.workflow_type(workflow_name text) RETURNS atlantis.workflow_types
 LANGUAGE sql AS $$ SELECT NULL::atlantis.workflow_types $$;
 CREATE FUNCTION atlantis.step_args(job_name text, args jsonb) RETURNS jsonb

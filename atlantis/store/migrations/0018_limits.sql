@@ -2,7 +2,7 @@
 -- a limited job turns `running` only through the BEFORE UPDATE trigger jobs_limit_claim,
 -- which counts, under a transaction-scoped advisory lock per limit key, what runs or
 -- started, and leaves the row `available` when a limit is full. The functions' bodies live
--- in functions.sql; here they are created with their signatures.
+-- in atlantis/store/live/*.sql; here they are created with their signatures.
 
 -- The declared limits of a job, in declaration order: {"kind": "concurrency", "n", "by"} or
 -- {"kind": "rate", "n", "period" (seconds), "by"}.
@@ -57,7 +57,7 @@ SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.prior
        j.workflow_id, j.step, j.compensation, j.result, j.limit_group
   FROM atlantis.jobs j;
 
--- The functions, with placeholder bodies: functions.sql defines them.
+-- The functions, with placeholder bodies: atlantis/store/live/*.sql defines them.
 CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by text[]) RETURNS jsonb
 LANGUAGE sql AS $$ SELECT NULL::jsonb $$;
 CREATE FUNCTION atlantis.limit_fields(limits jsonb) RETURNS text[]

@@ -8,7 +8,7 @@ ALTER TABLE atlantis.jobs
 -- enqueue_many and enqueue take the context as a last, defaulted argument: every call made
 -- before (SQL callers, the schedules' functions, the previous release's named query) still
 -- resolves to them. A new argument is a new signature, so the old ones go first (two
--- overloads would make those calls ambiguous). The bodies live in functions.sql.
+-- overloads would make those calls ambiguous). The bodies live in atlantis/store/live/*.sql.
 DROP FUNCTION atlantis.enqueue(text, jsonb, timestamptz, int, text, interval);
 DROP FUNCTION atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval);
 CREATE FUNCTION atlantis.enqueue_many(

@@ -1,6 +1,6 @@
 -- The store's CPU per job (issue 23): the `claim` query calls atlantis.claim, which runs
 -- the statement it ran with a plan made once a session (plan_cache_mode =
--- force_generic_plan) instead of a custom plan each call. The body lives in functions.sql;
+-- force_generic_plan) instead of a custom plan each call. The body lives in atlantis/store/live/*.sql;
 -- a supervisor of the previous release keeps running its own statement, unchanged.
 CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n int,
                                limited text[])

@@ -9,8 +9,8 @@
 --     group's values ('' and NULL keep their meaning); rows holding a group are converted.
 --   atlantis.limit_starts.key (limit_starts_key_idx): the digest of the limit's key;
 --     open windows are converted.
--- The bodies of the new functions live in functions.sql; key_digest's is here too, as the
--- indexes need it now (functions.sql repeats it, unchanged).
+-- The bodies of the new functions live in atlantis/store/live/*.sql; key_digest's is here too, as the
+-- indexes need it now (atlantis/store/live/*.sql repeats it, unchanged).
 
 CREATE FUNCTION atlantis.key_digest(key text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE

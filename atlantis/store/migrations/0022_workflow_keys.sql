@@ -47,7 +47,7 @@ SELECT w.id, w.workflow, w.args, w.state, w.created_at, w.finished_at, w.error,
        w.retried_by, w.retried_at, w.dismissed_at, w.dismissed_by
   FROM atlantis.workflow_instances w;
 
--- The functions, with placeholder bodies: functions.sql defines them.
+-- The functions, with placeholder bodies: atlantis/store/live/*.sql defines them.
 CREATE FUNCTION atlantis.workflow_key_holder(workflow_name text, key text) RETURNS bigint
 LANGUAGE sql AS $$ SELECT NULL::bigint $$;
 CREATE FUNCTION atlantis.dismiss_workflow(workflow_id bigint, by text DEFAULT current_user)
