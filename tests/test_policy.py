@@ -10,6 +10,7 @@ import pytest
 
 from atlantis.protocol.messages import ChildError, Done
 from atlantis.supervisor import policy
+from atlantis.supervisor.claimmode import ClaimMode
 from atlantis.supervisor.policy import AttemptFacts, Limits, Verdict
 
 LIMITS = Limits(max_snooze=3600.0, max_backoff=60.0, max_memory=512 * 1024**2)
@@ -165,3 +166,12 @@ def test_a_requested_cancel_wins_over_whatever_the_attempt_did() -> None:
     assert policy.cancel_grace_over(now=5.0, heard_at=2.0, grace=3.0)
     assert not policy.cancel_grace_over(now=4.9, heard_at=2.0, grace=3.0)
     assert not policy.cancel_grace_over(now=99.0, heard_at=None, grace=3.0)
+
+
+def test_the_claim_mode_tells_limited_rows_from_plain_ones() -> None:
+    mode = ClaimMode(limited_queues={"q2"}, limited_jobs=frozenset({"ns.Limited"}))
+    assert mode.limits_any(["q1"], ["ns.Limited", "ns.Plain"])
+    assert mode.limits_any(["q1", "q2"], ["ns.Plain"])
+    assert not mode.limits_any(["q1"], ["ns.Plain"])
+    assert mode.unlimited(["q1", "q2"], ["ns.Limited", "ns.Plain"]) == (["q1"], ["ns.Plain"])
+    assert (mode.ahead, mode.idle_reserved) == (True, 0)  # a fresh supervisor holds ahead

@@ -26,7 +26,7 @@ that serves no limited job. So that its children still fall idle for limited row
   as plain rows go first in no other way);
 - otherwise (none waiting, or those waiting held back by their limits), rows are held ahead,
   and once a poll, or when the claim said a limit frees (``wake_in``), the claimer asks the
-  pool for the next child that falls idle (``Runtime.idle_for_limited``) and offers it to
+  pool for the next child that falls idle (``ClaimMode.idle_reserved``) and offers it to
   the limited claim before any held row takes it. The idle children a limited claim was
   offered stay kept while it is under way, so that its rows never wait for a child. A limited row enqueued while plain work
   keeps every child busy is therefore seen within about a poll.
@@ -136,12 +136,12 @@ class Claimer(Service):
                 await self._claim()
             except DatabaseUnavailable as exc:
                 self._orphans_possible = self._orphans_possible or exc.sent
-                rt.idle_for_limited = 0  # no claim to offer them to: keep none idle
+                rt.claim_mode.idle_reserved = 0  # no claim to offer them to: keep none idle
                 failures += 1
                 continue
             except StatementRejected as exc:
                 log.error("a claim was refused by the database: %s", exc)
-                rt.idle_for_limited = 0
+                rt.claim_mode.idle_reserved = 0
                 if await self._isolate():
                     rt.wake.set()  # the rows it could not take are out of the way: again now
                     failures = 0
@@ -160,7 +160,7 @@ class Claimer(Service):
             buried = await sql.claim_isolate(
                 self.db, rt.worker_id, queues, self.jobs(),
                 rt.settings.concurrency + rt.settings.ahead, rt.settings.claim_timeout,
-                sorted(rt.limited_jobs), DATA_ERROR_CLASSES)
+                sorted(rt.claim_mode.limited_jobs), DATA_ERROR_CLASSES)
         except (DatabaseUnavailable, StatementRejected) as exc:
             log.error("could not look for the row the claim failed on: %s", exc)
             return False
@@ -201,13 +201,12 @@ class Claimer(Service):
         if not queues:
             return
         jobs = self.jobs()
-        limited = bool(rt.limited_jobs.intersection(jobs)
-                       or rt.limited_queues.intersection(queues))
+        limited = rt.claim_mode.limits_any(queues, jobs)
         # Limited rows waiting for children: hold nothing ahead, every idle child is theirs.
         crowded = limited and self._limited_full
-        rt.claims_ahead = not crowded
+        rt.claim_mode.ahead = not crowded
         ahead = 0 if crowded else self._ahead()
-        rt.idle_for_limited = int(limited and (
+        rt.claim_mode.idle_reserved = int(limited and (
             crowded or rt.now() - self._limited_at >= rt.settings.poll_interval))
         if limited and idle:
             idle -= await self._claim_limited(queues, jobs, idle, serving=True)
@@ -243,8 +242,7 @@ class Claimer(Service):
                 return  # nothing more is waiting
         # Otherwise only rows no limit applies to: of the jobs without limits, on the queues
         # without one. These alone may be held ahead.
-        plain_queues = [q for q in queues if q not in rt.limited_queues]
-        plain_jobs = [j for j in jobs if j not in rt.limited_jobs]
+        plain_queues, plain_jobs = rt.claim_mode.unlimited(queues, jobs)
         if want > 0 and plain_queues and plain_jobs:
             await self._claim_rows(plain_queues, plain_jobs, want)
 
@@ -259,7 +257,7 @@ class Claimer(Service):
         began = tracing.now_ns()
         try:
             rows = await sql.claim(self.db, rt.worker_id, queues, jobs, want,
-                                   rt.settings.claim_timeout, sorted(rt.limited_jobs))
+                                   rt.settings.claim_timeout, sorted(rt.claim_mode.limited_jobs))
         finally:
             self._claiming = False
         t0 = self.db.sent_at  # not before the wait for a connection: see Db.sent_at
@@ -277,7 +275,7 @@ class Claimer(Service):
         rt = self.rt
         self._limited_at = rt.now()
         if serving:
-            rt.idle_for_limited = idle  # theirs until the claim answers
+            rt.claim_mode.idle_reserved = idle  # theirs until the claim answers
         self._claiming = True
         began = tracing.now_ns()
         try:
@@ -289,7 +287,7 @@ class Claimer(Service):
         if serving:
             self._limited_full = len(got.rows) == idle
             # The children it was offered run its rows, or are free for held rows now.
-            rt.idle_for_limited = int(self._limited_full)
+            rt.claim_mode.idle_reserved = int(self._limited_full)
         t0 = self.db.sent_at
         self._traced([self._hold(row, t0, limited=True) for row in got.rows], began, queues)
         self.start_held()

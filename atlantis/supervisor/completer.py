@@ -58,7 +58,7 @@ class Completer(Service):
             if not self.ledger.ended:
                 continue
             linger = self.rt.settings.finish_linger
-            if not self.rt.claims_ahead and linger and len(self.ledger.ended) < 8 \
+            if not self.rt.claim_mode.ahead and linger and len(self.ledger.ended) < 8 \
                     and not self.rt.draining:
                 # No rows held ahead: results come one child at a time. A moment's wait lets
                 # a few share one write (one commit), as claiming ahead batches them.

@@ -136,10 +136,10 @@ class Control(Service):
                     rt.paused = paused
                     rt.metrics.paused.set(len(paused))
                     rt.wake.set()
-                if limited != rt.limited_queues:
-                    _changed(rt.limited_queues, limited, "has a concurrency limit now",
+                if limited != rt.claim_mode.limited_queues:
+                    _changed(rt.claim_mode.limited_queues, limited, "has a concurrency limit now",
                              "has no concurrency limit now")
-                    rt.limited_queues = limited
+                    rt.claim_mode.limited_queues = limited
                     rt.wake.set()
             self._pause_now.clear()
             every = rt.settings.pause_poll

@@ -183,11 +183,11 @@ class Pool(Service):
 
     def _free_for(self, a: Attempt) -> bool:
         """Whether a child is idle for held ``a``: those kept for the claimer's limited claim
-        (``Runtime.idle_for_limited``) take only that claim's rows."""
+        (``ClaimMode.idle_reserved``) take only that claim's rows."""
         if self.rt.draining:
             return False
         idle = sum(c.state == "idle" for c in self.children)
-        return idle > (0 if a.limited else self.rt.idle_for_limited)
+        return idle > (0 if a.limited else self.rt.claim_mode.idle_reserved)
 
     def assign(self, a: Attempt) -> bool:
         """Start ``a`` in an idle child that has its handler; False if none is idle."""

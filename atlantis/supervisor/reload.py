@@ -109,6 +109,6 @@ class Reloader:
                  f" (new: {', '.join(added)})" if added else "",
                  f" (removed: {', '.join(removed)})" if removed else "")
         self.jobs = app.jobs
-        self.rt.limited_jobs = limited_jobs(app.decls)
+        self.rt.claim_mode.limited_jobs = limited_jobs(app.decls)
         self.scheduler.update(served(app.decls, app.jobs, s.queues))
         self.pool.reload(app.jobs)

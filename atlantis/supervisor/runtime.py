@@ -13,6 +13,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 
+from atlantis.supervisor.claimmode import ClaimMode
 from atlantis.supervisor.db import Db, Health, Timing
 from atlantis.supervisor.ledger import Ledger
 from atlantis.supervisor.metrics import Metrics
@@ -38,18 +39,8 @@ class Runtime:
     """SIGTERM/SIGINT received: a second one during the drain hurries it."""
     paused: set[str] = field(default_factory=set)
     """Served queues an operator paused: not claimed from until resumed."""
-    limited_queues: set[str] = field(default_factory=set)
-    """Served queues with a queue-wide concurrency limit (tide queue limit)."""
-    limited_jobs: frozenset[str] = frozenset()
-    """Jobs of the app that declare limits (concurrency, rate)."""
-    claims_ahead: bool = True
-    """Whether the claimer may hold rows ahead (not while rows of limited jobs or queues wait
-    for its children): when it may not, the completer lingers a little to batch results."""
-    idle_for_limited: int = 0
-    """Idle children the pool keeps for the claimer's limited claim (rows of limited jobs or
-    queues are never claimed ahead, so they need idle children): it starts no row held
-    ahead in them. One while the claimer waits for a child to fall idle, those it offered
-    while that claim is under way (see supervisor/claimer.py)."""
+    claim_mode: ClaimMode = field(default_factory=ClaimMode)
+    """The claimer's mode: limited jobs and queues, rows ahead, idle children kept."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Wakes the claimer: a child became idle, work was announced, the database is back."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -64,7 +64,7 @@ class Supervisor:
         """Every service, in starting order; they stop in reverse."""
         jobs = sorted(self.registry.registrations)
         decls = served(list(self.registry.decls.values()), jobs, self.settings.queues)
-        rt.limited_jobs = limited_jobs(list(self.registry.decls.values()))
+        rt.claim_mode.limited_jobs = limited_jobs(list(self.registry.decls.values()))
         completer = Completer(rt)
         logs = AttemptLogs(rt)
         pool = Pool(rt, logs, jobs)
