@@ -35,7 +35,7 @@ UNKNOWN_JOB = "ATL01"
 INVALID_ARGS = "ATL02"
 
 # The database refuses numbers longer than 4000 characters and jsonb nested deeper than 64
-# levels (migration 0003). Python only refuses, with the same message, what never gets that
+# levels (store/live/types.sql). Python only refuses, with the same message, what never gets that
 # far: numbers PostgreSQL cannot even read (more than 16383 digits after the point), and
 # nesting orjson cannot write (255 levels).
 MAX_NUMBER_CHARS = limits.MAX_NUMBER_CHARS

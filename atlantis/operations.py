@@ -1,7 +1,8 @@
 """Cancel and retry jobs, pause and resume queues, limit them, on the caller's connection.
 
-Each call runs one SQL function of migration 0005 (``atlantis.cancel``, ``atlantis.retry``,
-``atlantis.pause``, ``atlantis.resume``) or 0018 (``atlantis.set_queue_limit``): the same
+Each call runs one SQL function of store/live/operators.sql (``atlantis.cancel``,
+``atlantis.retry``, ``atlantis.pause``, ``atlantis.resume``) or store/live/limited_claims.sql
+(``atlantis.set_queue_limit``): the same
 rules as for SQL callers, ``tide`` and the console. Like :func:`atlantis.enqueue`, nothing here commits: inside an open transaction
 the change is made under a savepoint (a refused call leaves the transaction usable) and
 becomes visible, and the supervisors are told, when the caller commits.

@@ -3,9 +3,9 @@
 A workflow (a ``workflow`` block of a ``.atl`` file) is a graph of steps, each an ordinary
 job, with compensations that undo the steps that ran when a later one fails for good, the
 workflow times out, or it is cancelled. Everything a workflow does after its start happens
-in the database (migration 0017: ``atlantis.start_workflow``, the trigger that advances it
-when a step's row changes, ``atlantis.cancel_workflow``, ``atlantis.retry_workflow``;
-migration 0022: ``atlantis.dismiss_workflow``), so
+in the database (store/live/workflows.sql: ``atlantis.start_workflow``, the trigger that
+advances it when a step's row changes; store/live/workflow_operators.sql:
+``atlantis.cancel_workflow``, ``atlantis.retry_workflow``, ``atlantis.dismiss_workflow``), so
 SQL callers, ``tide workflow`` and the console get the same rules as these functions.
 
 Like :func:`atlantis.enqueue`, nothing here commits: a start rolled back with the caller's

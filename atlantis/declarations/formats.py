@@ -1,7 +1,7 @@
 """What a `timestamptz`, a `date` and a `uuid` value may be written as: one set of rules.
 
 The database checks every enqueued value with the same patterns (``atlantis.type_mismatch``,
-migration 0012); the `.atl` checker uses these functions for defaults. The reasons returned
+store/live/types.sql); the `.atl` checker uses these functions for defaults. The reasons returned
 are the ones the database gives, after the quoted value, so that a default and an enqueued
 value are refused alike. tests/test_unique_values.py checks that both sides agree.
 

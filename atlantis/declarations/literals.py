@@ -45,7 +45,7 @@ _STRING_FORMATS = {
     "date": 'a date such as "2024-01-31"',
     "timestamptz": 'an RFC 3339 timestamp with Z or an offset, such as "2024-01-31T12:00:00Z"',
 }
-# The database's rules for these types (atlantis.declarations.formats, migration 0012).
+# The database's rules for these types (atlantis.declarations.formats; store/live/types.sql).
 _STRING_PROBLEMS = {"uuid": uuid_problem, "date": date_problem,
                     "timestamptz": timestamptz_problem}
 

@@ -4,7 +4,7 @@ Every ``retention_interval`` (and once at start) the supervisor deletes ``comple
 ``cancelled`` jobs that finished more than ``--retention`` ago (default 7d) and ``dead`` ones
 older than ``--dead-retention`` (default 30d), each with its attempts and logs; ``0``
 disables either. Waiting and running jobs are never deleted. The deleting is done by
-``atlantis.prune`` (migration 0006, shared with ``tide job prune``), a batch of at most
+``atlantis.prune`` (store/live/operators.sql, shared with ``tide job prune``), a batch of at most
 ``--retention-batch`` jobs per transaction, each under a transaction-level advisory lock: while one
 supervisor prunes, the others skip their turn instead of competing for the same rows.
 

@@ -5,7 +5,7 @@ scheduled job of the served queues, works out the slots since the latest one rec
 (``atlantis.declarations.cron``: the job's ``tz``, UTC by default; DST handled there), not
 only the latest one: a round that comes late (a stopped or busy supervisor, a slow
 database, a sleep that drifted) still fires every slot in between. They go to
-``atlantis.schedule_catch_up`` (migration 0015) in one transaction, with the latest slot
+``atlantis.schedule_catch_up`` (store/live/schedules.sql) in one transaction, with the latest slot
 recorded that they follow: slots more than ``schedule_grace`` before the clock are recorded
 as one row that counts them (``missed``, from ``missed_from`` to ``slot``; never a row, nor
 a step, per slot: they are counted arithmetically), and each later slot is a row of
