@@ -21,6 +21,10 @@ HOME = "ATLANTIS_HOME"
 #: tide's statement deadline.
 TIDE_TIMEOUT = "ATLANTIS_TIDE_TIMEOUT"
 
+#: ``0``: every process builds the `.atl` parser instead of loading the one kept in the
+#: user's cache folder (atlantis.declarations.parser_cache).
+PARSER_CACHE = "ATLANTIS_PARSER_CACHE"
+
 #: The console's bearer token.
 CONSOLE_TOKEN = "ATLANTIS_CONSOLE_TOKEN"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from atlantis.declarations import parser_cache
 from atlantis.declarations.checks import TYPES, check_file
 from atlantis.declarations.model import JobDecl, WorkflowDecl
 from atlantis.declarations.raw import (
@@ -73,17 +74,16 @@ _VALUE_TERMINALS = frozenset({"STRING", "NUMBER", "TRUE", "FALSE", "NULL", "LSQB
 
 @functools.cache
 def _parser() -> lark.Lark:
-    """The LALR parser, built on first use and then kept.
-
-    Building it takes some 40 ms, which every process importing atlantis would pay at
-    import time (workers and `tide` included) even when it never reads a `.atl` file.
-    """
+    """The LALR parser, made on first use and then kept: never at import time, which every
+    process importing atlantis would pay even when it never reads a `.atl` file. Made once
+    per user and version, and loaded by the other processes (:mod:`parser_cache`)."""
     grammar = (
         importlib.resources.files("atlantis.declarations")
         .joinpath("atl.lark")
         .read_text(encoding="utf-8")
     )
-    return lark.Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True)
+    return parser_cache.build(grammar, parser="lalr", lexer="contextual",
+                              propagate_positions=True)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""The `.atl` parser, kept between processes: building it costs some 200 ms of CPU, loading it
+some 20.
+
+Every process that reads a `.atl` file builds the parser once: each child, the supervisor's
+check of the app, a zygote, `tide`. Built once, it is saved in the user's cache folder
+(``$XDG_CACHE_HOME/atlantis``, else ``~/.cache/atlantis``) under a name that holds a digest of
+the grammar, the options, lark's and Python's versions, so that a change of any of them
+builds it anew. The file is a pickle, so it is read only from a folder and a file that this
+user owns and no one else may write; otherwise, or if anything fails (no home, a read-only
+one, a file cut short), the parser is built as if there were no cache. It is written to a
+temporary name and renamed, so that a process never reads another's half-written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lark
+
+from atlantis import environ
+
+#: Off with ``0`` (the parser is then built by every process).
+ENV_SWITCH = environ.PARSER_CACHE
+
+
+def folder() -> Path | None:
+    """The cache folder, or None when there is no home to put it in."""
+    base = os.environ.get("XDG_CACHE_HOME") or (
+        str(Path.home() / ".cache") if os.environ.get("HOME") else "")
+    return Path(base) / "atlantis" if base else None
+
+
+def _private(path: Path, *, directory: bool) -> bool:
+    """Whether ``path`` is this user's and no one else may write it."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    return kind and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def build(grammar: str, **options: Any) -> lark.Lark:
+    """The LALR parser of ``grammar``: loaded from the cache when it holds this very one,
+    else built (and saved for the next process)."""
+    where = folder() if os.environ.get(ENV_SWITCH, "1") != "0" else None
+    if where is None:
+        return lark.Lark(grammar, **options)
+    key = hashlib.sha256("\0".join([
+        grammar, repr(sorted(options.items())), lark.__version__, sys.version,
+    ]).encode()).hexdigest()[:32]
+    path = where / f"atl-parser-{key}.lark"
+    if _private(where, directory=True) and _private(path, directory=False):
+        try:
+            with path.open("rb") as f:
+                return lark.Lark.load(f)
+        except Exception:  # a damaged cache is no cache: build it below
+            pass
+    parser = lark.Lark(grammar, **options)
+    _save(parser, where, path)
+    return parser
+
+
+def _save(parser: lark.Lark, where: Path, path: Path) -> None:
+    try:
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _private(where, directory=True):
+            return
+        data = io.BytesIO()
+        parser.save(data)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=".atl-parser-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.getvalue())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except Exception:  # a cache that cannot be written costs a build, no more
+        return
