@@ -12,13 +12,12 @@ import pytest
 
 import atlantis
 from atlantis.store import doctor
-from tests.conftest import BIN, ROOT, url_for, wait_for
+from tests.conftest import BIN, ROOT, run_tide, url_for, wait_for
 
 
 def tide_doctor(db_url: str, *args: str) -> tuple[int, dict[str, Any]]:
     """Exit code and the --json document of ``tide db doctor``."""
-    done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "db", "doctor", "--json",
-                           *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = run_tide(["--database-url", db_url, "db", "doctor", "--json", *args], check=False)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, orjson.loads(done.stdout)
 
@@ -44,8 +43,7 @@ def test_a_healthy_database_exits_0(db_url: str) -> None:
     # Declarations are synced but no supervisor runs at all: noted, not a problem.
     assert "no live supervisor" in doc["checks"]["unserved_declarations"]["summary"]
 
-    text = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "db", "doctor"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    text = run_tide(["--database-url", db_url, "db", "doctor"], check=False)
     assert text.returncode == 0, text.stderr
     # The embedded wheel's 18.4 is behind the newest minor doctor knows of: a warning, exit 0.
     behind = doc["checks"]["server_version"]["warning"]
@@ -71,8 +69,7 @@ def test_a_running_row_past_its_lease(db: psycopg.Connection[Any], db_url: str) 
     assert check["items"][0]["overdue_seconds"] >= 3599
     assert check["summary"].startswith("1 running rows are past their lease")
 
-    text = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "db", "doctor"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    text = run_tide(["--database-url", db_url, "db", "doctor"], check=False)
     assert text.returncode == 1
     assert "PROBLEM expired_leases" in text.stdout
     assert f"id={job_id}" in text.stdout

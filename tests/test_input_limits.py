@@ -28,7 +28,7 @@ from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError, JobNotFoundError, ValidationError
 from atlantis.registry import args_class
 from atlantis.units import MAX_DURATION, format_duration, parse_duration
-from tests.conftest import BIN, ROOT, job_row, wait_for, wait_state
+from tests.conftest import BIN, ROOT, job_row, run_tide, wait_for, wait_state
 from tests.test_retention import make_job
 
 DOC = ROOT / "docs" / "bad-input.md"
@@ -38,24 +38,20 @@ TOO_LONG = "(at most 36500d, 100 years)"
 
 def tide(db_url: str, *args: str, cwd: Path = ROOT,
          env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Exit status, stdout and the last line of stderr of one `tide` command."""
-    done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=60, env=env)
+    """Exit status, stdout and the last line of stderr of one `tide` command: in-process
+    (tests/conftest.py:run_tide), or a process of its own for an app in another folder."""
+    if cwd == ROOT and env is None:
+        done = run_tide(["--database-url", db_url, *args], check=False)
+    else:
+        done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
+                              capture_output=True, text=True, cwd=cwd, timeout=60, env=env)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, done.stdout, (done.stderr.strip().splitlines() or [""])[-1]
 
 
 def tide_all(db_url: str, commands: dict[str, list[str]]) -> dict[str, tuple[int, str, str]]:
-    """Run `tide` commands at once: what :func:`tide` says of each, by name."""
-    procs = {name: subprocess.Popen([str(BIN / "tide"), "--database-url", db_url, *argv],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    cwd=ROOT) for name, argv in commands.items()}
-    said = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=60)
-        assert "Traceback" not in stderr, (name, stderr)
-        said[name] = (proc.returncode, stdout, (stderr.strip().splitlines() or [""])[-1])
-    return said
+    """What :func:`tide` says of each command, by name."""
+    return {name: tide(db_url, *argv) for name, argv in commands.items()}
 
 
 def _app_env(folder: Path) -> dict[str, str]:

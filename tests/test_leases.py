@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import re
 import signal
-import subprocess
 from datetime import timedelta
 from typing import Any, LiteralString
 
@@ -22,7 +21,7 @@ from atlantis.store.supervision import Result, finish_params
 from atlantis.supervisor import policy
 from atlantis.supervisor.claimer import rows_ahead
 from atlantis.supervisor.settings import Settings
-from tests.conftest import BIN, ROOT, events, job_row, wait_for, wait_state
+from tests.conftest import events, job_row, run_tide, wait_for, wait_state
 
 
 def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:
@@ -449,18 +448,14 @@ def test_dlq_list_and_retry(db: psycopg.Connection[Any], db_url: str) -> None:
     _claim(db, "w1")
     _finish(db, "w1", job_id, 1, "failed", {"attempt": 1, "kind": "exception", "message": "nope"})
     assert job_row(db, job_id)["state"] == "dead"
-    out = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "dlq", "list", "--json"],
-                         capture_output=True, check=True, cwd=ROOT).stdout
-    assert b'"id": %d' % job_id in out
-    subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(job_id)],
-                   capture_output=True, check=True, cwd=ROOT)
+    out = run_tide(["--database-url", db_url, "dlq", "list", "--json"]).stdout
+    assert f'"id": {job_id}' in out
+    run_tide(["--database-url", db_url, "job", "retry", str(job_id)])
     row = job_row(db, job_id)
     assert row["state"] == "available" and row["attempt"] == 0 and row["finished_at"] is None
-    again = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(job_id)],
-                           capture_output=True, cwd=ROOT, text=True)
+    again = run_tide(["--database-url", db_url, "job", "retry", str(job_id)], check=False)
     assert again.returncode == 1 and "only dead or cancelled" in again.stderr
-    missing = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "status", "999999"],
-                             capture_output=True, cwd=ROOT, text=True)
+    missing = run_tide(["--database-url", db_url, "job", "status", "999999"], check=False)
     assert missing.returncode == 1 and "no job with id 999999" in missing.stderr
 
 

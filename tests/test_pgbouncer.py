@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +23,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 import atlantis
 from tests.conftest import (
-    ROOT,
     Supervisor,
     events,
     prepare_template,
+    run_tide,
     url_for,
     wait_for,
     wait_state,
@@ -163,14 +161,14 @@ def test_a_pooler_is_told_apart_from_a_direct_connection(bouncer: Bouncer, db_ur
 
 def test_tide_through_pgbouncer(bouncer: Bouncer, db_url: str) -> None:
     pooled = bouncer.url(db_url)
-    tide = [str(Path(sys.executable).parent / "tide"), "--database-url", pooled]
-    for _ in range(6):  # the same statements, six times: nothing prepared may be left behind
-        out = subprocess.run([*tide, "job", "enqueue", "ops.Long", "--args",
-                              '{"key": "t", "mode": "flaky"}'],
-                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    tide = ["--database-url", pooled]
+    # The same statements, six times, each command on a connection of its own through the
+    # pooler (tide in-process: tests/conftest.py:run_tide): nothing prepared may be left behind.
+    for _ in range(6):
+        out = run_tide([*tide, "job", "enqueue", "ops.Long", "--args",
+                        '{"key": "t", "mode": "flaky"}'], check=False)
         assert out.returncode == 0, out.stderr
-        status = subprocess.run([*tide, "job", "status", out.stdout.strip()],
-                                capture_output=True, text=True, cwd=ROOT, timeout=60)
+        status = run_tide([*tide, "job", "status", out.stdout.strip()], check=False)
         assert status.returncode == 0, status.stderr
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -33,7 +32,7 @@ from atlantis.protocol import results
 from atlantis.protocol.messages import Done, Run, decode, encode
 from atlantis.store.migrate import sync
 from atlantis.supervisor import policy
-from tests.conftest import BIN, ROOT, job_row, wait_for, wait_state
+from tests.conftest import job_row, run_tide, wait_for, wait_state
 from tests.test_child import Child
 
 APP = "tests.apps.results:registry"
@@ -325,9 +324,7 @@ def _start(supervise: Any, concurrency: int = 2) -> Any:
 
 
 def _tide(db_url: str, *args: str) -> str:
-    return subprocess.run([str(BIN / "tide"), "--database-url", db_url, *args],
-                          capture_output=True, text=True, cwd=ROOT, check=True,
-                          timeout=60).stdout
+    return run_tide(["--database-url", db_url, *args]).stdout
 
 
 def _warned(db_url: str, job_id: int) -> str | None:

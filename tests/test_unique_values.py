@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,7 +29,7 @@ import atlantis
 from atlantis.declarations import parse_atl
 from atlantis.errors import DeclarationError, ValidationError
 from atlantis.store.migrate import migrate
-from tests.conftest import BIN, ROOT, job_row, wait_state
+from tests.conftest import job_row, run_tide, wait_state
 
 JOB = "values.Keyed"
 UID = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
@@ -90,9 +89,8 @@ def test_one_value_spelled_several_ways_is_one_job_on_every_path(
     ids += row[0]
     # tide
     for text in texts[:2]:
-        done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "enqueue", JOB,
-                               "--args", f'{{"{field}": {text}}}'],
-                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+        done = run_tide(["--database-url", db_url, "job", "enqueue", JOB,
+                         "--args", f'{{"{field}": {text}}}'], check=False)
         assert done.returncode == 0, done.stderr
         ids.append(int(done.stdout.split()[-1]))
     assert set(ids) == {ids[0]}, ids
@@ -183,8 +181,7 @@ def reader_url(admin_url: str, db_url: str) -> Iterator[str]:
 
 
 def _doctor(db_url: str) -> dict[str, Any]:
-    done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "db", "doctor", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = run_tide(["--database-url", db_url, "db", "doctor", "--json"], check=False)
     assert done.returncode in (0, 1), done.stderr
     return dict(orjson.loads(done.stdout)["checks"]["duplicate_unique_keys"])
 
@@ -222,14 +219,12 @@ def test_the_migration_rekeys_waiting_rows_and_the_doctor_lists_duplicates(
 def test_retry_recomputes_the_key(db: psycopg.Connection[Any], db_url: str) -> None:
     dead = _old_row(db, '{"n": 3.0}', _old_key(n="3.0"), state="dead")
     holder = atlantis.enqueue(db, JOB, {"n": 3})
-    done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(dead)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = run_tide(["--database-url", db_url, "job", "retry", str(dead)], check=False)
     assert done.returncode == 1
     assert f"job {holder} ({JOB}) already holds the unique key {_old_key(n='3')}" in done.stderr
     db.execute("UPDATE atlantis.jobs SET state = 'cancelled', finished_at = now() WHERE id = %s",
                (holder,))
-    done = subprocess.run([str(BIN / "tide"), "--database-url", db_url, "job", "retry", str(dead)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = run_tide(["--database-url", db_url, "job", "retry", str(dead)], check=False)
     assert done.returncode == 0, done.stderr
     assert job_row(db, dead)["unique_key"] == _old_key(n="3")
     assert atlantis.enqueue(db, JOB, {"n": Decimal("3.000")}) == dead

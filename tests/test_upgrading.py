@@ -21,7 +21,7 @@ import pytest
 
 import atlantis
 from atlantis.store.migrate import migrate, migrations, schema_ahead, schema_problem
-from tests.conftest import BIN, ROOT, wait_state
+from tests.conftest import ROOT, run_tide, wait_state
 from tests.test_roles import login  # noqa: F401 - a fixture
 
 #: Database-facing: also run on PostgreSQL 16 (ATLANTIS_TEST_PG=16).
@@ -155,8 +155,7 @@ def _next_release(conn: psycopg.Connection[Any]) -> int:
 
 
 def _tide(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "tide"), "--database-url", url, *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return run_tide(["--database-url", url, *args], check=False)
 
 
 def test_this_release_accepts_a_schema_one_release_ahead(db: psycopg.Connection[Any]) -> None:
