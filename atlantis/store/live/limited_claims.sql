@@ -204,7 +204,8 @@ BEGIN
 END
 $$;
 
--- The limits that apply to job `job_id` now (tide, the console).
+-- The limits that apply to job `job_id` now: for SQL callers (granted to atlantis_reader with
+-- the other read functions, atlantis/store/migrate.py); tide and the console ask limit_hold.
 CREATE OR REPLACE FUNCTION atlantis.limits_of(job_id bigint)
 RETURNS TABLE (key text, kind text, n int, period interval, label text)
 LANGUAGE sql STABLE AS $$
