@@ -110,6 +110,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(home), name)
     elif name == "__version__":
         value = _version()
+    elif not name.startswith("_"):
+        # A submodule, as ``atlantis.operations.set_queue_limit`` after ``import atlantis``.
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -5,6 +5,8 @@ schema version, and a LICENSE ships. No database: these read files and metadata 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -117,3 +119,31 @@ def test_a_license_file_ships() -> None:
     installed = metadata.metadata("atlantis-jobs")
     assert installed.get_all("License-Expression") == ["Apache-2.0"]
     assert installed.get_all("License-File") == ["LICENSE"]
+
+
+def test_import_atlantis_is_lazy_and_every_name_and_submodule_still_answers() -> None:
+    """``import atlantis`` imports no part of atlantis until a name is used (the lease keeper
+    and children pay only for what they use); every public name, ``__version__`` and every
+    submodule (``atlantis.operations.set_queue_limit``) still answer; the module
+    ``atlantis.enqueue`` never hides the function ``atlantis.enqueue``."""
+    script = """
+import sys, atlantis
+loaded = sorted(m for m in sys.modules if m.startswith("atlantis."))
+assert loaded == [], loaded
+assert callable(atlantis.operations.set_queue_limit)
+import atlantis.enqueue
+from atlantis.enqueue import EnqueueOptions
+assert callable(atlantis.enqueue) and atlantis.enqueue.__name__ == "enqueue", atlantis.enqueue
+assert all(getattr(atlantis, n) is not None for n in atlantis.__all__)
+assert atlantis.__version__ and "checkpoint" in dir(atlantis)
+try:
+    atlantis.no_such_name
+except AttributeError as exc:
+    assert "no_such_name" in str(exc)
+else:
+    raise AssertionError("no AttributeError")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
