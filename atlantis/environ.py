@@ -37,3 +37,7 @@ TEST_PG = "ATLANTIS_TEST_PG"
 #: Not atlantis's own: the user's runtime folder, where the embedded server's socket goes
 #: when ``ATLANTIS_HOME`` is too long for one.
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+
+#: Where per-user caches go (the `.atl` parser, atlantis.declarations.parser_cache); a
+#: relative value is ignored, as the XDG spec asks.
+XDG_CACHE_HOME = "XDG_CACHE_HOME"

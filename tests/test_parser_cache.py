@@ -102,6 +102,9 @@ def test_no_cache_when_switched_off_or_without_a_place(cache: Path, tmp_path: Pa
     monkeypatch.delenv(parser_cache.ENV_SWITCH)
     blocked = tmp_path / "file"
     blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # ignored, as the spec asks
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert parser_cache.folder() == tmp_path / "home" / ".cache" / "atlantis"
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # not a folder: nowhere to write
     parser = parser_cache.build(GRAMMAR, **OPTIONS)
     assert _parses(parser) == _parses(lark.Lark(GRAMMAR, **OPTIONS))

@@ -3,7 +3,7 @@ some 20.
 
 Every process that reads a `.atl` file builds the parser once: each child, the supervisor's
 check of the app, a zygote, `tide`. Built once, it is saved in the user's cache folder
-(``$XDG_CACHE_HOME/atlantis``, else ``~/.cache/atlantis``) under a name that holds a digest of
+(``$XDG_CACHE_HOME/atlantis`` when it is absolute, else ``~/.cache/atlantis``) under a name that holds a digest of
 the grammar, the options, lark's and Python's versions, so that a change of any of them
 builds it anew. The file is a pickle, so it is read only from a folder and a file that this
 user owns and no one else may write; otherwise, or if anything fails (no home, a read-only
@@ -32,9 +32,10 @@ ENV_SWITCH = environ.PARSER_CACHE
 
 def folder() -> Path | None:
     """The cache folder, or None when there is no home to put it in."""
-    base = os.environ.get("XDG_CACHE_HOME") or (
-        str(Path.home() / ".cache") if os.environ.get("HOME") else "")
-    return Path(base) / "atlantis" if base else None
+    xdg = os.environ.get(environ.XDG_CACHE_HOME, "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "atlantis"
+    return Path.home() / ".cache" / "atlantis" if os.environ.get("HOME") else None
 
 
 def _private(path: Path, *, directory: bool) -> bool:
