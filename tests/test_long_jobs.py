@@ -193,6 +193,29 @@ def test_attempt_logs_are_kept_bounded_and_followed(
     assert newest is not None and newest[0].startswith("talk 01999")
 
 
+@pytest.mark.parametrize("keep", [0, 2, 5, 9])
+def test_a_trim_keeps_the_newest_lines_and_none_when_told_none(
+        db: psycopg.Connection[Any], keep: int) -> None:
+    """The trim the supervisor sends when an attempt's budget is spent. ``keep`` 0 happens
+    when a flood passed the whole budget while its first batch was being written: every
+    line of the database is then older than the budget (found as a flake of the test above,
+    whose first 196 lines stayed forever beside the last 196)."""
+    from atlantis.store.queries import Q
+
+    other = atlantis.enqueue(db, "ops.Talk", {"key": "other", "lines": 1})
+    mine = atlantis.enqueue(db, "ops.Talk", {"key": "mine", "lines": 1})
+    for job_id in (other, mine):
+        for n in range(5):
+            db.execute("INSERT INTO atlantis.logs (job_id, run, attempt, at, stream, line)"
+                       " VALUES (%s, 1, 1, now(), 'stdout', %s)", (job_id, f"line {n}"))
+    db.execute(Q.log_trim, {"job_id": mine, "run": 1, "attempt": 1, "keep": keep})
+    lines = [r[0] for r in db.execute("SELECT line FROM atlantis.logs WHERE job_id = %s"
+                                      " ORDER BY id", (mine,)).fetchall()]
+    assert lines == [f"line {n}" for n in range(5)][5 - min(keep, 5):]
+    assert db.execute("SELECT count(*) FROM atlantis.logs WHERE job_id = %s",
+                      (other,)).fetchone() == (5,)  # another job's lines are not touched
+
+
 # ---- pause ------------------------------------------------------------------------------------
 
 def test_pause_and_resume_with_two_supervisors(db: psycopg.Connection[Any], supervise: Any) -> None:

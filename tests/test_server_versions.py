@@ -30,7 +30,9 @@ from atlantis.errors import ConfigurationError
 from atlantis.store import doctor, embedded, homes, migrate, sync
 from tests.conftest import BIN, ROOT, TEST_APP
 
-pytestmark = pytest.mark.server_matrix
+#: Only the tests on the suite's server are marked ``server_matrix``: the others start servers
+#: of their own, of the majors they name, the same on every pass (the 16 pass would run them
+#: again for nothing).
 
 
 @pytest.fixture
@@ -179,6 +181,7 @@ def test_upgrade_home_refuses_a_url(base: Path) -> None:
     assert not env_home.exists()
 
 
+@pytest.mark.server_matrix
 def test_doctor_warns_below_the_newest_known_minor(db: psycopg.Connection[Any],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     number, text = doctor.server_version(db)
@@ -195,6 +198,7 @@ def test_doctor_warns_below_the_newest_known_minor(db: psycopg.Connection[Any],
     assert doctor.diagnose(db).warnings == []
 
 
+@pytest.mark.server_matrix
 def test_the_suite_runs_on_the_major_it_was_asked_for(db: psycopg.Connection[Any]) -> None:
     from tests.conftest import suite_major
 

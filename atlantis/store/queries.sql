@@ -371,13 +371,13 @@ SELECT * FROM unnest(%(job_ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[]
                      %(ats)s::timestamptz[], %(streams)s::text[], %(lines)s::text[])
 
 -- name: log_trim
--- Keep only the newest `keep` lines of one attempt (its byte budget is spent).
+-- Keep only the newest `keep` lines of one attempt (its byte budget is spent); `keep` 0 keeps
+-- none (a flood that passed the budget while its first lines were being written).
 DELETE FROM atlantis.logs
  WHERE job_id = %(job_id)s AND run = %(run)s AND attempt = %(attempt)s
-   AND id < (SELECT min(id) FROM (SELECT id FROM atlantis.logs
-                                   WHERE job_id = %(job_id)s AND run = %(run)s
-                                     AND attempt = %(attempt)s
-                                   ORDER BY id DESC LIMIT %(keep)s) AS newest)
+   AND id NOT IN (SELECT id FROM atlantis.logs
+                   WHERE job_id = %(job_id)s AND run = %(run)s AND attempt = %(attempt)s
+                   ORDER BY id DESC LIMIT %(keep)s)
 
 -- name: queue_gauges
 -- For the metrics: running jobs past their stall threshold, and the dead-letter queue.

@@ -77,7 +77,7 @@ async def log_insert(db: Connection, lines: Sequence[tuple[int, int, int, dateti
 
 
 async def log_trim(db: Connection, key: tuple[int, int, int], keep: int) -> None:
-    """Keep the first ``keep`` lines of the attempt ``key`` (job_id, run, attempt)."""
+    """Keep the newest ``keep`` lines of the attempt ``key`` (job_id, run, attempt); 0: none."""
     await db.fetch(Q.log_trim, {"job_id": key[0], "run": key[1], "attempt": key[2],
                                 "keep": keep}, timeout=10)
 
