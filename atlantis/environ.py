@@ -34,6 +34,10 @@ TREE = "ATLANTIS_TREE"
 #: The test suite's PostgreSQL major (``16`` or ``18``, the default): its embedded server.
 TEST_PG = "ATLANTIS_TEST_PG"
 
+#: ``0``: the test suite runs every supervisor as the installed program instead of forking
+#: it from a server that imported it once (tests/forkserver.py).
+TEST_FORK = "ATLANTIS_TEST_FORK"
+
 #: Not atlantis's own: the user's runtime folder, where the embedded server's socket goes
 #: when ``ATLANTIS_HOME`` is too long for one.
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"

@@ -20,6 +20,7 @@ import pytest
 from atlantis import environ
 from atlantis.app import load_app
 from atlantis.store import embedded, migrate, sync
+from tests.forkserver import ForkedProcess, ForkServer, forkable
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -184,15 +185,46 @@ def db(db_url: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
+_forks: ForkServer | None = None
+
+
+def fork_server() -> ForkServer:
+    """This worker's supervisor fork server (tests/forkserver.py), started on first use and
+    stopped at the end of the session (:func:`_stop_fork_server`)."""
+    global _forks
+    if _forks is None:
+        _forks = ForkServer(ROOT)
+    return _forks
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_fork_server() -> Iterator[None]:
+    yield
+    if _forks is not None:
+        _forks.close()
+
+
 class Supervisor:
-    """A real ``atlantis-supervise`` process; its log goes to a file the test can read."""
+    """A real ``atlantis-supervise`` process; its log goes to a file the test can read.
+
+    Forked from this worker's fork server (tests/forkserver.py: the command without its
+    imports' half second of CPU) unless ``env`` changes how an interpreter starts, or
+    ``program`` asks for the installed entry point itself."""
 
     def __init__(self, db_url: str, log_path: Path, args: list[str], env: dict[str, str],
-                 session: bool = False) -> None:
+                 session: bool = False, program: bool = False) -> None:
         self.log_path = log_path
+        argv = ["--database-url", db_url, *args]
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        if (not program and os.environ.get(environ.TEST_FORK) != "0"
+                and forkable(env, fork_server().env)):
+            self._log = None
+            log_path.write_bytes(b"")  # there when this returns, as the program's would be
+            self.proc = fork_server().spawn(argv, env, ROOT, log_path, session)
+            return
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [str(BIN / "atlantis-supervise"), "--database-url", db_url, *args],
+            [str(BIN / "atlantis-supervise"), *argv],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env,
             start_new_session=session,  # a group of its own, for a test that signals it
         )
@@ -227,7 +259,8 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
 
 @pytest.fixture
@@ -237,13 +270,14 @@ def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]
 
     def start(*args: str, queues: tuple[str, ...] = ("tests",), app: str = TEST_APP,
               concurrency: int = 2, env: dict[str, str] | None = None,
-              database_url: str | None = None, session: bool = False) -> Supervisor:
+              database_url: str | None = None, session: bool = False,
+              program: bool = False) -> Supervisor:
         argv = [f"--queue={q}" for q in queues]
         argv += ["--app", app, "--concurrency", str(concurrency), "--poll-interval", "0.2s",
                  "--rescue-interval", "0.5s", "--drain-timeout", "10s", "--kill-grace", "2s", *args]
         full_env = {**os.environ, **(env or {})}
         sup = Supervisor(database_url or db_url, tmp_path / f"supervisor-{len(started)}.log",
-                         argv, full_env, session)
+                         argv, full_env, session, program)
         started.append(sup)
         return sup
 
