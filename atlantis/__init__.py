@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from atlantis.operations import cancel, cancel_async, retry, retry_async
     from atlantis.registry import Registry
+    from atlantis.store.database import database_url
     from atlantis.workflows import (
         cancel_workflow,
         cancel_workflow_async,
@@ -63,6 +64,7 @@ _HOMES: dict[str, str] = {
     "retry": "atlantis.operations",
     "retry_async": "atlantis.operations",
     "Registry": "atlantis.registry",
+    "database_url": "atlantis.store.database",
     "cancel_workflow": "atlantis.workflows",
     "cancel_workflow_async": "atlantis.workflows",
     "dismiss_workflow": "atlantis.workflows",
@@ -91,6 +93,7 @@ __all__ = [
     "cancel_workflow",
     "cancel_workflow_async",
     "checkpoint",
+    "database_url",
     "dismiss_workflow",
     "enqueue",
     "enqueue_async",

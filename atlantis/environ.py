@@ -12,7 +12,7 @@ HANDLER_DATABASE_URL = "ATLANTIS_HANDLER_DATABASE_URL"
 #: pooler (``--listen-database-url``). Never handed to a child.
 LISTEN_DATABASE_URL = "ATLANTIS_LISTEN_DATABASE_URL"
 
-#: The app to import: a module, or ``module:attribute``.
+#: The app to import: ``package.module:attribute``, the attribute a Registry.
 APP = "ATLANTIS_APP"
 
 #: The embedded PostgreSQL's home (data directory and socket).

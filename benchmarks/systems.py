@@ -32,9 +32,10 @@ class System:
     redis_queue: str = ""
     """Redis systems: the list holding the waiting jobs (done ones are in ``bench:done``)."""
     readme_model: str = ""
-    """The model as README.md's performance table words it (after the name and version)."""
+    """The model as the performance table of benchmarks/README.md words it (after the name and
+    version)."""
     readme_settings: str = ""
-    """The settings as README.md's performance table words them."""
+    """The settings as the performance table of benchmarks/README.md words them."""
 
 
 def atlantis_system(concurrency: int, isolation: str = "reuse") -> System:

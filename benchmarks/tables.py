@@ -128,7 +128,8 @@ def paired_table(rounds: list[Round], keys: Sequence[str]) -> str:
 
 
 def readme_table(results: list[Result]) -> str:
-    """The rows of README.md's performance table (under "## Performance"), to paste."""
+    """The rows of the performance table in benchmarks/README.md ("## Latest side-by-side"),
+    to paste."""
     rows = [["system", "settings", "jobs/s", "CPU ms/job", "pickup p50 / p99 ms (idle)",
              "enqueue rows/s"]]
     for r in results:

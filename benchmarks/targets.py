@@ -23,8 +23,9 @@ Runs, one after the other on the same embedded PostgreSQL server:
    sampled against the drain's progress, first quarter vs last quarter);
 
 then prints the tables, issue 23's target table (measured; rung and aim, each with its
-verdict), the standing targets, and the rows of README.md's performance table. Benchmarks,
-not tests: the verdicts are printed, never asserted.
+verdict), the standing targets, and the rows of the performance table of benchmarks/README.md
+(its "Latest side-by-side" section), between its marker lines. Benchmarks, not tests: the
+verdicts are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -443,7 +444,9 @@ def main(env: Env, jobs: int, latency: int, quick: bool, standing: bool = True) 
 
 
 def readme_section(side: list[Result]) -> str:
-    """The rows of README.md's performance table, between two marker lines, to paste."""
-    return ("\n### README.md performance table (paste under \"## Performance\")\n\n"
+    """The rows of the performance table of benchmarks/README.md, between two marker lines, to
+    paste into its "Latest side-by-side" section."""
+    return ("\n### Performance table (paste into benchmarks/README.md, \"## Latest side-by-side\","
+            " between the markers)\n\n"
             "<!-- README performance table: begin -->\n" + readme_table(side)
             + "\n<!-- README performance table: end -->")

@@ -84,6 +84,8 @@ LONG_TAIL = (
     "tests/test_chaos.py::test_a_minute_of_chaos_keeps_every_promise",
     "tests/test_containment.py::test_five_thousand_failures_keep_twenty_errors_and_count_all",
     "tests/test_wheel_install.py::",
+    "tests/test_docs.py::test_the_tutorial_runs_as_written",
+    "tests/test_demo_database.py::",
     "tests/test_roles.py::test_a_reader_reads_with_tide_and_changes_nothing",
     "tests/test_leases.py::test_kill_9_supervisor_children_die_and_another_finishes",
     "tests/test_server_versions.py::test_doctor_explains_and_upgrade_home_moves",

@@ -1,10 +1,13 @@
-"""The bad-input table (docs/bad-input.md): every row names the test that backs it, and the
-tests here back the rows no other file covers, with the exact text a user sees.
+"""The bad-input reference (docs/reference/bad-input/, one page per surface): every row of
+its tables names the test that backs it, and the tests here back the rows no other file
+covers, with the exact text a user sees.
 
-``test_the_table_names_only_tests_that_exist`` reads the document and checks that each test
-it names exists (the function, and the parameter id when one is given), and
-``test_the_table_quotes_the_real_messages`` that every message asserted here stands in the
-document word for word: neither can drift from the code.
+``test_the_table_names_only_tests_that_exist`` reads the pages and checks that each test
+they name exists (the function, and the parameter id when one is given),
+``test_the_table_quotes_the_real_messages`` that every message asserted here stands in them
+word for word, and ``test_every_case_here_is_named_by_a_row`` that no case of this file lost
+its row: none can drift from the code. ``test_every_page_is_listed_and_holds_a_table`` keeps
+the pages and the toctree of index.md in step.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import pytest
 import atlantis
 from atlantis.errors import UnknownJobError, ValidationError
 from tests.conftest import BIN, ROOT, wait_for, wait_state
+from tests.docs import bad_input_pages, bad_input_text, table_headers, table_rows, toctree
 
-DOC = ROOT / "docs" / "bad-input.md"
 CONTAIN = "tests.apps.contain:registry"
 SYNC_HINT = ("sync the declarations into the database: tide db sync --app "
              "package.module:registry (atlantis-supervise does it at start)")
@@ -372,46 +375,69 @@ def test_the_unit_file_and_the_default_task_limit_agree() -> None:
 _REFERENCE = re.compile(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([^\]]+)\])?`")
 
 
-def _tables(text: str) -> list[list[str]]:
-    """The rows of every table of the document, as lists of cells (header rows left out)."""
-    rows = []
-    for line in text.splitlines():
-        if not line.startswith("|") or set(line) <= set("|- "):
-            continue
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-        if cells and cells[0] != "bad input":
-            rows.append(cells)
-    return rows
+def test_every_page_is_listed_and_holds_a_table() -> None:
+    """index.md lists every page of the folder and no other; each page is a titled table (or
+    several) of bad input, what the user sees and the test."""
+    pages = bad_input_pages()
+    listed = toctree(pages.pop("index.md"))
+    assert sorted(f"{name}.md" for name in listed) == sorted(pages)
+    assert len(pages) >= 12, sorted(pages)
+    for name, text in pages.items():
+        assert text.startswith("# "), name
+        headers = table_headers(text)
+        assert headers, f"{name}: no table"
+        for header in headers:
+            assert len(header) == 3, (name, header)
+            assert header[1].startswith("what the user sees") and header[2] == "test", (name, header)
+        assert table_rows(text), f"{name}: a table without a row"
 
 
 def test_the_table_names_only_tests_that_exist() -> None:
-    text = DOC.read_text("utf-8")
-    rows = _tables(text)
+    rows = [(name, row) for name, text in bad_input_pages().items() for row in table_rows(text)]
     assert len(rows) >= 60, len(rows)
     sources: dict[str, str] = {}
     functions: dict[str, set[str]] = {}  # each file parsed once, not once per reference
-    for row in rows:
-        assert len(row) == 3, row
+    for page, row in rows:
+        assert len(row) == 3, (page, row)
         refs = _REFERENCE.findall(row[2])
-        assert refs, f"a row without a test: {row}"
+        assert refs, f"{page}: a row without a test: {row}"
         for path, name, param in refs:
             if path not in sources:
                 sources[path] = (ROOT / path).read_text("utf-8")
                 functions[path] = {
                     node.name for node in ast.walk(ast.parse(sources[path]))
                     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
-            assert name in functions[path], f"{path}::{name} does not exist"
+            assert name in functions[path], f"{page}: {path}::{name} does not exist"
             if param:
-                assert f'"{param}"' in sources[path], f"{path}::{name}[{param}]: no such id"
+                assert f'"{param}"' in sources[path], \
+                    f"{page}: {path}::{name}[{param}]: no such id"
+
+
+def test_every_case_here_is_named_by_a_row() -> None:
+    """Rows that share a message (a missing field, a null one) each keep their own row."""
+    named = {ref for text in bad_input_pages().values() for row in table_rows(text)
+             for ref in _REFERENCE.findall(row[2])}
+    here = "tests/test_bad_input.py"
+    cases = ([("test_enqueue_from_python_is_refused_and_writes_nothing", c) for c in ENQUEUE_PY]
+             + [("test_enqueue_from_sql_is_refused_and_writes_nothing", c) for c in ENQUEUE_SQL]
+             + [(name, "") for name in (
+                 "test_enqueue_many_with_one_bad_row_inserts_none",
+                 "test_enqueue_from_tide_is_one_line_and_writes_nothing",
+                 "test_bad_configuration_is_one_line_and_the_right_exit_status",
+                 "test_handler_faults_end_their_attempt_only",
+                 "test_a_crash_says_why_the_child_stopped_itself")])
+    missing = [f"{name}[{case}]" if case else name for name, case in cases
+               if (here, name, case) not in named]
+    assert not missing, "no row names:\n" + "\n".join(missing)
 
 
 def test_the_table_quotes_the_real_messages() -> None:
-    text = DOC.read_text("utf-8").replace("\\|", "|")
+    text = bad_input_text().replace("\\|", "|")
     quoted = ([t for _, _, _, t in ENQUEUE_PY.values()] + [t for *_, t in ENQUEUE_SQL.values()]
               + [t for *_, t in TIDE.values()] + [t for *_, t in CONFIG.values()]
               + [t for *_, t in HANDLERS.values() if t is not None])
     missing = [t for t in quoted if t not in text]
-    assert not missing, "docs/bad-input.md lacks:\n" + "\n".join(missing)
+    assert not missing, "docs/reference/bad-input/ lacks:\n" + "\n".join(missing)
 
 
 def test_a_crash_says_why_the_child_stopped_itself() -> None:

@@ -31,6 +31,7 @@ import atlantis
 from atlantis.console.app import create_app
 from atlantis.console.settings import Settings, Token
 from tests.conftest import ROOT, wait_for, wait_state
+from tests.docs import bad_input_text
 
 APP = "tests.apps.console_app:registry"
 SECRET = "s3cret-token"
@@ -547,7 +548,7 @@ def test_a_console_bound_to_another_loopback_address_answers_it(
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:
-    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    text = bad_input_text()
     for case, (*_, status, message) in BAD_PARAMETERS.items():
         assert f"| {status}, `{message}` | `tests/test_console_api.py::" \
                f"test_bad_parameters_are_json_4xx_not_500[{case}]` |" in text, case

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from tests.conftest import ROOT
+from tests.docs import bad_input_text
 from tests.test_console_api import BEARER, Client, client
 from tests.test_tide_limits import claim, enqueue, queue_limit
 
@@ -96,7 +96,7 @@ def test_a_bad_limit_is_a_400_and_changes_nothing(db: psycopg.Connection[Any], c
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:
-    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    text = bad_input_text()
     for case, (_, message) in BAD_BODIES.items():
         assert f"| 400, `{message}` | `tests/test_console_limits.py::" \
                f"test_a_bad_limit_is_a_400_and_changes_nothing[{case}]` |" in text, case

@@ -4,7 +4,7 @@ names Python cannot take as attributes, NUL and lone surrogates in `.atl` string
 `tide gen` output that cannot be written. Each refusal used to surface later, elsewhere,
 as a raw database error, a ``dataclasses`` TypeError or a traceback.
 
-Every message asserted here is quoted in docs/bad-input.md
+Every message asserted here is quoted in docs/reference/bad-input/
 (``test_the_bad_input_table_quotes_these_messages``).
 """
 
@@ -29,9 +29,9 @@ from atlantis.errors import DeclarationError, JobNotFoundError, ValidationError
 from atlantis.registry import args_class
 from atlantis.units import MAX_DURATION, format_duration, parse_duration
 from tests.conftest import BIN, ROOT, job_row, run_tide, wait_for, wait_state
+from tests.docs import bad_input_text
 from tests.test_retention import make_job
 
-DOC = ROOT / "docs" / "bad-input.md"
 HUGE = "99999999999999999999"  # past a bigint (9223372036854775807)
 TOO_LONG = "(at most 36500d, 100 years)"
 
@@ -467,9 +467,9 @@ def test_lower_priority_runs_first_and_every_doc_says_so(
     assert [key for (key,) in ran] == ["p-3", "p0", "p5"]
     helped = CliRunner().invoke(tide_main, ["job", "enqueue", "--help"]).output
     assert "Lower runs first" in " ".join(helped.split())
-    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
-    assert "`priority N` (lower runs first" in readme
-    assert "(lower `--priority` runs first)" in readme
+    grammar = " ".join((ROOT / "docs" / "reference" / "atl.md").read_text("utf-8").split())
+    assert "`priority N` (lower runs first" in grammar
+    assert "(lower `--priority` runs first)" in grammar
     assert "lower runs first" in (atlantis.enqueue.__doc__ or "")
 
 
@@ -482,7 +482,7 @@ DOCUMENTED_ATL = ("timeout-too-long", "keyword-field", "dunder-field", "nul-in-d
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:
-    text = DOC.read_text("utf-8").replace("\\|", "|")
+    text = bad_input_text().replace("\\|", "|")
     quoted = ([ATL_REFUSALS[c][1] for c in DOCUMENTED_ATL]
               + [TIDE_DURATIONS[c][1] for c in ("prune", "delay")]
               + [SUPERVISOR_DURATIONS["retention"][1]]
@@ -491,5 +491,5 @@ def test_the_bad_input_table_quotes_these_messages() -> None:
                                                   "enqueue-priority")]
               + [PYTHON_DECL_REFUSAL])
     missing = [m for m in quoted if m not in text]
-    assert not missing, "docs/bad-input.md lacks:\n" + "\n".join(missing)
+    assert not missing, "docs/reference/bad-input/ lacks:\n" + "\n".join(missing)
 

@@ -6,7 +6,6 @@ the store."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import orjson
 import pytest
@@ -15,6 +14,7 @@ from atlantis.declarations import Field, JobDecl, Limit, parse_atl, read_atl
 from atlantis.declarations.codegen import generate_module
 from atlantis.errors import DeclarationError
 from atlantis.supervisor.appload import decl_from_dict, decl_to_dict
+from tests.docs import bad_input_text
 
 # The issue's block, verbatim but for its `...` line (which stands for the rest of a job).
 ISSUE_EXAMPLE = """\
@@ -341,7 +341,8 @@ def test_the_fields_are_checked_wherever_args_is_written() -> None:
 
 
 def test_the_bad_input_table_quotes_every_refusal() -> None:
-    """docs/bad-input.md quotes each refusal above word for word (its rows name these ids)."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "bad-input.md").read_text("utf-8")
+    """docs/reference/bad-input/ quotes each refusal above word for word (its rows name these
+    ids)."""
+    text = bad_input_text()
     missing = [str(case.values[1]) for case in BAD if f"`{case.values[1]}`" not in text]
-    assert not missing, "docs/bad-input.md lacks:\n" + "\n".join(missing)
+    assert not missing, "docs/reference/bad-input/ lacks:\n" + "\n".join(missing)

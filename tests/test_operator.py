@@ -18,6 +18,7 @@ import pytest
 import atlantis
 from atlantis import operations
 from tests.conftest import BIN, ROOT, run_tide, wait_for, wait_state
+from tests.docs import bad_input_text
 from tests.test_operations import make_dead
 
 #: Set the window title, clear the screen, go back over the line, a C1 CSI, a bidi override.
@@ -262,7 +263,7 @@ def test_a_metrics_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_e
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:
-    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    text = bad_input_text()
     for message in (SHOWN, CONNECT_TOO_SLOW, STATEMENT_TOO_SLOW, BAD_TIMEOUT,
                     "atlantis-supervise: --metrics-host nosuch.invalid: cannot resolve it: ",
                     ": cannot listen on 127.0.0.1:9100: Address already in use"):

@@ -1,4 +1,4 @@
-"""The package as people adopt it: the README's Layout table matches the tree, the version is
+"""The package as people adopt it: CONTRIBUTING.md's Layout table matches the tree, the version is
 written once and read from the installed distribution, CHANGELOG.md names each release's
 schema version, and a LICENSE ships. No database: these read files and metadata only."""
 
@@ -21,9 +21,9 @@ _CODE = re.compile(r"`([^`]+)`")
 
 
 def _layout() -> list[tuple[list[str], list[str]]]:
-    """The rows of the README's Layout table: (paths named in the first cell, names in the
+    """The rows of CONTRIBUTING.md's Layout table: (paths named in the first cell, names in the
     second)."""
-    text = (ROOT / "README.md").read_text("utf-8")
+    text = (ROOT / "CONTRIBUTING.md").read_text("utf-8")
     section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
@@ -32,7 +32,7 @@ def _layout() -> list[tuple[list[str], list[str]]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         assert len(cells) == 2, line
         rows.append((_CODE.findall(cells[0]), _CODE.findall(cells[1])))
-    assert rows, "README.md has no Layout table"
+    assert rows, "CONTRIBUTING.md has no Layout table"
     return rows
 
 
@@ -44,7 +44,7 @@ def _exists(path: str) -> bool:
 
 def test_every_path_of_the_layout_table_exists() -> None:
     missing = [path for paths, _ in _layout() for path in paths if not _exists(path)]
-    assert not missing, f"README.md's Layout names paths that do not exist: {missing}"
+    assert not missing, f"CONTRIBUTING.md's Layout names paths that do not exist: {missing}"
 
 
 def test_the_files_a_package_row_names_exist_in_that_package() -> None:
@@ -60,7 +60,7 @@ def test_the_files_a_package_row_names_exist_in_that_package() -> None:
                 continue
             if not any(next(folder.rglob(name), None) for folder in folders):
                 stale.append(f"{name} (row {paths})")
-    assert not stale, f"README.md's Layout names files that are not there: {stale}"
+    assert not stale, f"CONTRIBUTING.md's Layout names files that are not there: {stale}"
 
 
 def test_every_top_level_package_and_module_of_atlantis_is_in_the_layout() -> None:
@@ -73,7 +73,7 @@ def test_every_top_level_package_and_module_of_atlantis_is_in_the_layout() -> No
     )
     assert len(entries) > 10
     missing = [entry for entry in entries if entry not in named]
-    assert not missing, f"README.md's Layout does not name: {missing}"
+    assert not missing, f"CONTRIBUTING.md's Layout does not name: {missing}"
 
 
 def test_the_version_is_read_from_the_installed_distribution() -> None:

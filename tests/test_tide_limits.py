@@ -22,7 +22,8 @@ import pytest
 import atlantis
 from atlantis import operations
 from atlantis.errors import ValidationError
-from tests.conftest import ROOT, wait_for
+from tests.conftest import wait_for
+from tests.docs import bad_input_text
 from tests.test_roles import login
 from tests.test_tide import tide
 from tests.test_tide_workflow import _free_port, _scrape, said
@@ -129,7 +130,7 @@ def test_a_bad_limit_is_a_usage_error_and_changes_nothing(db: psycopg.Connection
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:
-    text = (ROOT / "docs" / "bad-input.md").read_text("utf-8")
+    text = bad_input_text()
     for case, (_, message) in BAD_LIMITS.items():
         assert f"exit 2, ``{message}``" in text or f"exit 2, `{message}`" in text, case
         assert f"test_a_bad_limit_is_a_usage_error_and_changes_nothing[{case}]" in text, case

@@ -32,6 +32,7 @@ from atlantis.errors import DeclarationError
 from atlantis.store import sync
 from atlantis.supervisor.appload import workflow_from_dict
 from tests.conftest import BIN, ROOT
+from tests.docs import bad_input_text
 
 REPO = Path(atlantis.__file__).resolve().parent.parent
 
@@ -319,7 +320,7 @@ def test_workflow_refusals_across_files(case: str) -> None:
 
 
 def test_the_bad_input_table_quotes_every_refusal() -> None:
-    text = (REPO / "docs" / "bad-input.md").read_text("utf-8")
+    text = bad_input_text()
     quoted = [m for _, m in IN_FILE.values()] + [m for *_, m in ACROSS_FILES.values()]
     quoted.append("jobs.atl:1: job onboarding.CreateAccount has the name of a workflow "
                   "(declared at flows.atl:1); a workflow and a job cannot share a name")

@@ -29,6 +29,7 @@ from atlantis.cli.common import (
     check_queue,
     connection,
     duration_option,
+    explicit_url,
     fail,
     listing_rows,
     operator_name,
@@ -45,6 +46,7 @@ from atlantis.console.command import console
 from atlantis.errors import AtlantisError
 from atlantis.presentation import job_document, worker_document
 from atlantis.store import admin, fleet, migrate, sync
+from atlantis.store.database import resolve_url
 from atlantis.store.typed_rows import as_dict
 from atlantis.usage import OneLineGroup
 
@@ -215,6 +217,18 @@ def db_sync(ctx: click.Context, app: str) -> None:
         migrate(conn)
         sync(conn, list(registry.decls.values()), registry.workflows.values())
     click.echo(f"synced {len(registry.decls)} declarations", err=True)
+
+
+@db.command("url")
+@click.pass_context
+def db_url(ctx: click.Context) -> None:
+    """Print the database URL tide uses (--database-url, else ATLANTIS_DATABASE_URL, else the
+    embedded PostgreSQL, started if needed), for your own code and tools such as psql."""
+    try:
+        url = resolve_url(explicit_url(ctx))
+    except Exception as exc:
+        fail(f"cannot start the embedded PostgreSQL: {exc}")
+    click.echo(url)
 
 
 @db.command("upgrade-home")

@@ -30,6 +30,16 @@ def resolve_url(explicit: str | None = None) -> str:
     return explicit or os.environ.get(environ.DATABASE_URL) or embedded_url()
 
 
+def database_url() -> str:
+    """The database atlantis uses here, as ``tide`` and ``atlantis-supervise`` pick it:
+    ``ATLANTIS_DATABASE_URL`` when set, else the embedded PostgreSQL under ``ATLANTIS_HOME``
+    (started if it is not running). Pass it to ``psycopg.connect`` to enqueue from your code.
+
+    The URL may hold a password: do not log it.
+    """
+    return resolve_url()
+
+
 #: Shown instead of a secret, and instead of a URL libpq cannot parse.
 HIDDEN = "***"
 UNPARSEABLE = "<unparseable database url>"

@@ -2,7 +2,8 @@
 
 What it does, in order:
 
-1. picks the database (``ATLANTIS_DATABASE_URL``, else the embedded PostgreSQL) and runs
+1. picks the database (``ATLANTIS_DATABASE_URL``, else the database ``atlantis_demo``
+   of the embedded PostgreSQL, never its default one: ``examples/demo_db.py``) and runs
    ``tide db migrate --app examples.contacts.app:registry``, then creates the example's
    tables and empties them, so the demo can run again and again on the same database;
 2. starts the fake CRM in this process, slowed down so the imports take about 12 seconds
@@ -36,9 +37,10 @@ from typing import IO, Any
 import psycopg
 
 import atlantis
-from atlantis.store.database import ENV_URL, announce, resolve_url
+from atlantis.store.database import announce
 from examples.contacts.app import CRM_URL_ENV, PAGE_LIMIT, ensure_schema, registry
 from examples.contacts.crm import FakeCRM
+from examples.demo_db import demo_database, where
 
 APP = "examples.contacts.app:registry"
 JOB = "directory.ImportContacts"
@@ -287,12 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     deadline = started + opts.deadline
-    explicit = os.environ.get(ENV_URL)
     try:
-        url = resolve_url(None)
+        url, explicit = demo_database()
     except Exception as exc:
         print(f"demo: cannot start the embedded PostgreSQL: {exc}", file=sys.stderr)
         return 1
+    print(where(explicit), flush=True)
     announce(url, embedded=not explicit)
     assert JOB in registry.decls
 

@@ -2,7 +2,8 @@
 
 What it does, in order:
 
-1. picks the database (``ATLANTIS_DATABASE_URL``, else the embedded PostgreSQL) and runs
+1. picks the database (``ATLANTIS_DATABASE_URL``, else the database ``atlantis_demo``
+   of the embedded PostgreSQL, never its default one: ``examples/demo_db.py``) and runs
    ``tide db migrate --app examples.onboarding.app:registry`` (the jobs and the workflow),
    then creates the examples' tables and empties them, so the demo can run again and again;
 2. starts the fake CRM of the contacts example in this process, slowed down so that the
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -39,10 +39,11 @@ import psycopg
 from psycopg import sql
 
 import atlantis
-from atlantis.store.database import ENV_URL, announce, resolve_url
+from atlantis.store.database import announce
 from atlantis.store.workflows import WORKFLOW_FINISHED
 from examples.contacts.crm import FakeCRM
 from examples.contacts.demo import DemoError, _show_log_tail, bar, run_tide, say, step, supervisor
+from examples.demo_db import demo_database, where
 from examples.onboarding.app import WORKFLOW, ensure_schema, registry
 
 APP = "examples.onboarding.app:registry"
@@ -465,12 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     started = time.monotonic()
-    explicit = os.environ.get(ENV_URL)
     try:
-        url = resolve_url(None)
+        url, explicit = demo_database()
     except Exception as exc:
         print(f"demo: cannot start the embedded PostgreSQL: {exc}", file=sys.stderr)
         return 1
+    print(where(explicit), flush=True)
     announce(url, embedded=not explicit)
     assert WORKFLOW in registry.workflows
 
