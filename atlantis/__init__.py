@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     __version__: str
-    from atlantis.context import Compensating, JobContext, checkpoint
+    from atlantis.context import AsyncJobContext, Compensating, JobContext, checkpoint
     from atlantis.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
     from atlantis.errors import (
         AtlantisError,
@@ -20,7 +20,10 @@ if TYPE_CHECKING:
         DeclarationError,
         Discard,
         JobNotFoundError,
+        LeaseLost,
         Snooze,
+        StepError,
+        Suspended,
         UniqueKeyTakenError,
         UnknownJobError,
         ValidationError,
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 
 #: Where each public name lives.
 _HOMES: dict[str, str] = {
+    "AsyncJobContext": "atlantis.context",
     "Compensating": "atlantis.context",
     "JobContext": "atlantis.context",
     "checkpoint": "atlantis.context",
@@ -53,7 +57,10 @@ _HOMES: dict[str, str] = {
     "DeclarationError": "atlantis.errors",
     "Discard": "atlantis.errors",
     "JobNotFoundError": "atlantis.errors",
+    "LeaseLost": "atlantis.errors",
     "Snooze": "atlantis.errors",
+    "StepError": "atlantis.errors",
+    "Suspended": "atlantis.errors",
     "UniqueKeyTakenError": "atlantis.errors",
     "UnknownJobError": "atlantis.errors",
     "ValidationError": "atlantis.errors",
@@ -74,6 +81,7 @@ _HOMES: dict[str, str] = {
 }
 
 __all__ = [
+    "AsyncJobContext",
     "AtlantisError",
     "Compensating",
     "ConfigurationError",
@@ -81,8 +89,11 @@ __all__ = [
     "Discard",
     "JobContext",
     "JobNotFoundError",
+    "LeaseLost",
     "Registry",
     "Snooze",
+    "StepError",
+    "Suspended",
     "UniqueKeyTakenError",
     "UnknownJobError",
     "ValidationError",

@@ -8,7 +8,7 @@ import time
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -88,6 +88,9 @@ class JobContext:
     """``str(job_id)`` when not given (a job outside workflows)."""
     results: Mapping[str, Any] = field(default_factory=lambda: _NO_RESULTS, repr=False)
     compensating: Compensating | None = None
+    steps: Any = field(default=None, repr=False)
+    """Set by atlantis: the run's handler steps (:class:`atlantis.steps.StepBook`; None
+    outside a supervised attempt)."""
     _pending: tuple[float, str] | None = field(default=None, repr=False)
     _last_sent: float = field(default=-math.inf, repr=False)
 
@@ -114,6 +117,51 @@ class JobContext:
         handler that wants to yield raises ``atlantis.Snooze(0)``, and its row goes back
         without spending an attempt."""
         return self.flags.stopping
+
+    # ---- handler steps (atlantis.steps) ------------------------------------------------
+
+    def step_key(self, name: str) -> str:
+        """A stable idempotency key for what step ``name`` does outside the database, the
+        same on every attempt and run: ``"{ctx.idempotency_key}:{name}"``."""
+        return f"{self.idempotency_key}:{name}"
+
+    def _book(self) -> Any:
+        if self.steps is None:
+            from atlantis.errors import StepError
+
+            raise StepError("handler steps run only inside a supervised attempt")
+        return self.steps
+
+    def run_step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once across the job's runs: its value (JSON, at most
+        64 KiB) is recorded before this returns, and every later run of the job gets the
+        record back without calling ``fn``. ``fn``'s effects outside the database are
+        at-least-once (a crash between its return and the record runs it again): give
+        them ``ctx.step_key(name)`` as an idempotency key. Returns the recorded value."""
+        return self._book().run_step(name, fn, args, kwargs)
+
+    def transaction(self, name: str, fn: Callable[..., Any], /, *args: Any,
+                    **kwargs: Any) -> Any:
+        """Run ``fn(conn, *args, **kwargs)`` in a transaction on the jobs' database and
+        commit its writes together with the step's record, fenced on this run still holding
+        the job: the writes happen exactly once, whatever crashes. ``fn`` uses only
+        ``conn`` and does not commit. Returns the recorded value."""
+        return self._book().transaction(name, fn, args, kwargs)
+
+    def sleep(self, name: str, duration: float | timedelta) -> None:
+        """Sleep durably: the run ends here (raising :class:`atlantis.Suspended`; let it
+        through), no attempt is spent and no process or slot held, and the job runs again
+        once ``duration`` (seconds, or a timedelta) has passed since this sleep was first
+        reached; then this returns and the handler goes on."""
+        from atlantis.steps import sleep_seconds
+
+        self._book().sleep(name, sleep_seconds(duration), None)
+
+    def sleep_until(self, name: str, when: datetime) -> None:
+        """Sleep durably until ``when`` (a datetime with a time zone), as :meth:`sleep`."""
+        from atlantis.steps import wake_time
+
+        self._book().sleep(name, None, wake_time(when))
 
     def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
         """Report progress; never raises. Returns the error that kept it from being sent."""
@@ -148,6 +196,35 @@ class JobContext:
         except Exception as exc:
             return exc
         return None
+
+
+@dataclass(eq=False, repr=False)
+class AsyncJobContext(JobContext):
+    """What an ``async def`` handler gets: a :class:`JobContext` whose step methods are
+    awaitable (``await ctx.run_step(...)``, with an async or a sync ``fn``)."""
+
+    async def run_step(self, name: str, fn: Callable[..., Any], /,
+                       *args: Any, **kwargs: Any) -> Any:
+        """As :meth:`JobContext.run_step`; ``fn`` may be async."""
+        return await self._book().run_step(name, fn, args, kwargs)
+
+    async def transaction(self, name: str, fn: Callable[..., Any], /,
+                          *args: Any, **kwargs: Any) -> Any:
+        """As :meth:`JobContext.transaction`: ``fn(conn, ...)`` gets a
+        ``psycopg.AsyncConnection`` and may be async."""
+        return await self._book().transaction(name, fn, args, kwargs)
+
+    async def sleep(self, name: str, duration: float | timedelta) -> None:  # type: ignore[override]
+        """As :meth:`JobContext.sleep`."""
+        from atlantis.steps import sleep_seconds
+
+        await self._book().sleep(name, sleep_seconds(duration), None)
+
+    async def sleep_until(self, name: str, when: datetime) -> None:  # type: ignore[override]
+        """As :meth:`JobContext.sleep_until`."""
+        from atlantis.steps import wake_time
+
+        await self._book().sleep(name, None, wake_time(when))
 
 
 def checkpoint(ctx: JobContext, pct: float, msg: str = "") -> Exception | None:

@@ -61,3 +61,32 @@ class Snooze(Exception):  # noqa: N818 - the name is part of the public API
 
 class UniqueKeyTakenError(AtlantisError):
     """Another waiting or running job holds this job's unique key; retry once it finishes."""
+
+
+class StepError(AtlantisError):
+    """A handler step (``ctx.run_step``, ``ctx.transaction``, ``ctx.sleep``) could not be run
+    or recorded. ``kind`` is the error kind its attempt fails with if the handler lets it
+    through: ``result`` for a value that cannot be recorded or a cap passed, ``steps`` for
+    the rest (a name used twice in one run, a bad name or duration, a handler database that
+    is not the jobs' database, a COMMIT whose outcome is unknown)."""
+
+    def __init__(self, message: str | None = None, kind: str = "steps") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Suspended(BaseException):
+    """Raised inside a handler by ``ctx.sleep``: the run ends here, and the job runs again at
+    ``wake`` without spending an attempt. Let it propagate: a handler that catches it and
+    goes on fails its attempt with error kind ``swallowed``."""
+
+    def __init__(self, wake: str, waits: str) -> None:
+        super().__init__(f"suspended until {wake} ({waits})")
+        self.wake = wake
+        self.waits = waits
+
+
+class LeaseLost(BaseException):
+    """Raised inside a handler by a step whose run no longer holds the job's lease (another
+    run may hold it now): the step's transaction was rolled back and the run must stop. Its
+    attempt ends with error kind ``lease``."""

@@ -89,17 +89,20 @@ def cancel(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None)
     return state
 
 
-def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None) -> int | None:
+def retry(conn: psycopg.Connection[Any], job_id: int, *, by: str | None = None,
+          fresh: bool = False) -> int | None:
     """Put a ``dead`` or ``cancelled`` job back to ``available`` with a fresh attempt budget.
 
-    Clears its progress and last error, keeps its ``errors`` history. Returns the job's id,
+    Clears its progress and last error, keeps its ``errors`` history. Its next run resumes
+    from its handler step records; ``fresh`` drops them, so that it starts over. Returns the job's id,
     or None when it is in another state. Raises :class:`~atlantis.UniqueKeyTakenError`
     (naming the holder) when another waiting or running job holds its unique key, and
     :class:`~atlantis.JobNotFoundError` for an unknown id (ValidationError for one no job
     can have, as :func:`cancel`). A step's row is refused with
     :class:`~atlantis.WorkflowStateError` naming ``tide workflow retry``.
     """
-    found: int | None = call(conn, Q.job_retry, {"id": row_id(job_id), "by": by})
+    found: int | None = call(conn, Q.job_retry, {"id": row_id(job_id), "by": by,
+                                                  "fresh": fresh})
     return found
 
 
@@ -111,9 +114,10 @@ async def cancel_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
 
 
 async def retry_async(conn: psycopg.AsyncConnection[Any], job_id: int, *,
-                      by: str | None = None) -> int | None:
+                      by: str | None = None, fresh: bool = False) -> int | None:
     """The twin of :func:`retry` for psycopg's ``AsyncConnection``."""
-    found: int | None = await call_async(conn, Q.job_retry, {"id": row_id(job_id), "by": by})
+    found: int | None = await call_async(conn, Q.job_retry, {"id": row_id(job_id), "by": by,
+                                                              "fresh": fresh})
     return found
 
 

@@ -266,6 +266,19 @@ class Supervisor:
 
 
 @pytest.fixture
+def ddb(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The test's database with tests/apps/durable.py's declarations and its effects table
+    (handler steps, issue 34)."""
+    from tests.apps.durable import EFFECTS_DDL
+
+    registry = load_app("tests.apps.durable:registry")
+    sync(db, list(registry.decls.values()), list(registry.workflows.values()))
+    db.execute(EFFECTS_DDL)
+    db.commit()
+    return db
+
+
+@pytest.fixture
 def supervise(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
     """Start supervisors for this test's database; every one is stopped by pid afterwards."""
     started: list[Supervisor] = []

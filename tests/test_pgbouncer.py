@@ -295,3 +295,18 @@ def _restart_while_working(home: Path, pooled: str, direct: str, sup: Supervisor
     assert sup.proc.poll() is None
     assert 'prepared statement "' not in sup.log()
     assert conninfo_to_dict(pooled)["host"] == "127.0.0.1"
+
+
+def test_handler_steps_through_pgbouncer(bouncer: Bouncer, db_url: str, supervise: Any,
+                                         ddb: psycopg.Connection[Any]) -> None:
+    """Transaction steps and a durable sleep through the pooler in transaction mode: the
+    fence, the record and the writes share one transaction, and nothing is prepared."""
+    sup = supervise(queues=("durable",), app="tests.apps.durable:registry", concurrency=2,
+                    database_url=bouncer.url(db_url))
+    pages = atlantis.enqueue(ddb, "durable.Pages", {"key": "pooled", "pages": 4, "hold_at": -9})
+    nap = atlantis.enqueue(ddb, "durable.Nap", {"key": "pooled-nap", "seconds": 0.2})
+    assert wait_state(ddb, pages, "complete", "dead")["state"] == "complete"
+    assert wait_state(ddb, nap, "complete", "dead")["state"] == "complete"
+    assert [r[0] for r in ddb.execute(
+        "SELECT page FROM durable_effects WHERE key = 'pooled' ORDER BY page")] == [0, 1, 2, 3]
+    assert 'prepared statement "' not in sup.log()

@@ -99,7 +99,9 @@ def test_the_roles_exist_cannot_log_in_and_public_has_nothing(db: psycopg.Connec
     assert set(definers) == {"enqueue", "enqueue_many", "cancel", "retry", "pause", "resume", "set_queue_limit",
                              "prune", "schedule_fire", "schedule_catch_up", "delete_finished",
                              "start_workflow", "cancel_workflow", "retry_workflow",
-                             "dismiss_workflow", "workflow_advance", "workflow_sweep", "prune_workflows"}
+                             "dismiss_workflow", "workflow_advance", "workflow_sweep", "prune_workflows",
+                             "step_fence", "step_records", "record_step", "step_sleep",
+                             "clear_steps"}
     assert all(c == ["search_path=pg_catalog, atlantis, pg_temp"] for c in definers.values())
 
 

@@ -49,6 +49,12 @@ BREAKING = {
 
 #: (file, text of the offending line, reason): a breaking statement that is accepted.
 ALLOWED = [
+    ("0026_handler_steps.sql", "DROP FUNCTION atlantis.claim(text[], text[], text, int, text[])",
+     "made anew at once with one more result column (run_id): a release one behind selects "
+     "its columns by name, and the live bodies (this release's) set the run id for its claims"),
+    ("0026_handler_steps.sql", "DROP FUNCTION atlantis.claim_limited(text[], text[], text, int, text)",
+     "made anew at once with one more result column (run_id), read by column name by the "
+     "release one behind as by this one"),
     ("0023_retry_delay.sql", "DROP FUNCTION atlantis.retry_delay(interval, int)",
      "no statement of any release called it (issue 32); 0.3.0's finish and rescue call the "
      "new signature, created by the same migration"),

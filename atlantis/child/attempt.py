@@ -58,12 +58,14 @@ from atlantis.child.text import (
 )
 from atlantis.child.tree import descendants, kill_descendants
 from atlantis.child.watchdog import Watchdog
-from atlantis.context import AttemptFlags, JobContext, step_fields
+from atlantis.context import AsyncJobContext, AttemptFlags, JobContext, step_fields
 from atlantis.declarations.values import ArgsError, decode_args
-from atlantis.errors import Discard, Snooze
+from atlantis.errors import Discard, LeaseLost, Snooze, StepError, Suspended
 from atlantis.protocol import results
-from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, Run, clip
+from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, ErrorKind, Run, clip
 from atlantis.registry import Registration, Registry
+from atlantis.steps import AsyncStepBook, StepBook
+from atlantis.store.steps import Fence
 
 
 class Baseline:
@@ -172,9 +174,11 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
                     "args", _args_message(run.job, exc), exc))
             ret = reg.handler(ctx, args)
             if inspect.isawaitable(ret):
-                ret = asyncio.run(_await(ret))
+                ret = asyncio.run(_await(ret, ctx))
         except Terminated:
             raise
+        except (Suspended, LeaseLost, StepError) as exc:
+            return _stopped(run, ctx, exc)
         except Discard as exc:
             reason = _attribute(exc, "reason")
             return Done(job_id=job_id, outcome="discard", error=child_error(
@@ -191,8 +195,12 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
             return Done(job_id=job_id, outcome="failed", error=child_error(
                 "exit", f"handler called sys.exit({code})", exc))
         except BaseException as exc:  # a handler's failure, whatever it is, fails the attempt
+            if _stop_of(ctx) is not None:  # it caught how its run ended and raised another
+                return _stopped(run, ctx, exc)
             return Done(job_id=job_id, outcome="failed", error=child_error(
                 "exception", describe(exc), exc))
+        if _stop_of(ctx) is not None:  # it caught how its run ended and returned
+            return _stopped(run, ctx, None)
         return _completed(run, ret)
     except Terminated as exc:
         term.armed = False
@@ -202,8 +210,39 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
         term.armed = False
 
 
-async def _await(aw: Any) -> Any:
-    return await aw
+async def _await(aw: Any, ctx: JobContext) -> Any:
+    try:
+        return await aw
+    finally:  # the async steps' connection belongs to this loop
+        if isinstance(ctx.steps, AsyncStepBook):
+            await ctx.steps.aclose()
+
+
+def _stop_of(ctx: JobContext) -> BaseException | None:
+    return ctx.steps.stop if ctx.steps is not None else None
+
+
+def _stopped(run: Run, ctx: JobContext, raised: BaseException | None) -> Done:
+    """The ``Done`` of a run its handler steps ended, or failed: a durable sleep suspends
+    it, a lost lease or an unknown COMMIT fails it (kind ``lease``, ``steps``), a step's
+    misuse fails it with the step's kind; a handler that caught how its run ended and went
+    on (``raised`` is then what it did instead) fails with kind ``swallowed``."""
+    stop = _stop_of(ctx)
+    if stop is not None and raised is not stop:
+        name = type(stop).__name__
+        return Done(job_id=run.job_id, outcome="failed", error=child_error(
+            "swallowed", f"the handler caught atlantis.{name} ({describe(stop)}) and went on; "
+                         "let it propagate (catch Exception, not BaseException)", raised))
+    exc = raised if raised is not None else stop
+    assert exc is not None
+    if isinstance(exc, Suspended):
+        return Done(job_id=run.job_id, outcome="suspend", wake=exc.wake, waits=exc.waits)
+    if isinstance(exc, LeaseLost):
+        return Done(job_id=run.job_id, outcome="failed", error=child_error(
+            "lease", describe(exc), exc))
+    kind: ErrorKind = "result" if getattr(exc, "kind", None) == "result" else "steps"
+    return Done(job_id=run.job_id, outcome="failed", error=child_error(
+        kind, describe(exc), exc))
 
 
 def _completed(run: Run, value: object) -> Done:
@@ -244,7 +283,7 @@ def _warn(line: str) -> None:
 
 
 def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
-             open_: list[bool]) -> JobContext:
+             open_: list[bool], registration: Registration | None) -> JobContext:
     def sink(pct: float, text: str) -> None:
         if os.getpid() != owner:
             raise RuntimeError("checkpoint from a process the handler forked: not sent")
@@ -252,7 +291,13 @@ def _context(run: Run, flags: AttemptFlags, channel: Channel, owner: int,
             raise RuntimeError("checkpoint after the attempt ended: not sent")
         channel.send(Checkpoint(job_id=run.job_id, pct=checkpoint_pct(pct), msg=checkpoint_msg(text)))
 
-    return JobContext(
+    is_async = registration is not None and inspect.iscoroutinefunction(registration.handler)
+    fence = Fence(run.job_id, run.run_id, run.attempt) if run.run_id else None
+    book: StepBook | AsyncStepBook | None = None
+    if fence is not None:
+        book = (AsyncStepBook if is_async else StepBook)(fence, run.database_url)
+    return (AsyncJobContext if is_async else JobContext)(
+        steps=book,
         job_id=run.job_id,
         job=run.job,
         queue=run.queue,
@@ -278,7 +323,8 @@ def run_attempt(registry: Registry, run: Run, flags: AttemptFlags, channel: Chan
     open_ = [True]
     try:
         try:
-            ctx = _context(run, flags, channel, owner, open_)
+            ctx = _context(run, flags, channel, owner, open_,
+                           registry.registrations.get(run.job))
         except Exception as exc:  # a Run this child cannot make sense of
             return Done(job_id=run.job_id, outcome="failed", error=child_error(
                 "exception", f"the child could not start the attempt: {describe(exc)}", exc)), False
@@ -296,6 +342,11 @@ def run_attempt(registry: Registry, run: Run, flags: AttemptFlags, channel: Chan
         spans = tracing.end(token, _warn)
         if spans is not None:
             done = dataclasses.replace(done, spans=spans)
+        if ctx.steps is not None:
+            if isinstance(ctx.steps, StepBook):
+                ctx.steps.close()
+            if ctx.steps.written:
+                done = dataclasses.replace(done, steps=ctx.steps.written)
         must_exit = done.error is not None and done.error.kind == "terminated"
         ctx.flush()  # the last checkpoint goes out before the result
         open_[0] = False

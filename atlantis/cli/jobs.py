@@ -147,12 +147,17 @@ def job_enqueue(ctx: click.Context, name: str, args_json: str, delay: str | None
 
 @job.command("retry")
 @click.argument("job_id", type=JOB_ID)
+@click.option("--fresh", is_flag=True,
+              help="Drop the job's handler step records: its next run starts over instead "
+                   "of resuming from them.")
 @click.pass_context
-def job_retry(ctx: click.Context, job_id: int) -> None:
-    """Put a dead or cancelled job back to available with a fresh attempt budget."""
+def job_retry(ctx: click.Context, job_id: int, fresh: bool) -> None:
+    """Put a dead or cancelled job back to available with a fresh attempt budget; its next
+    run resumes from its handler step records unless --fresh."""
     with connection(ctx) as conn:
         try:
-            retried = operations.retry(conn, job_id, by=operator_name()) is not None
+            retried = operations.retry(conn, job_id, by=operator_name(),
+                                       fresh=fresh) is not None
         except (JobNotFoundError, UniqueKeyTakenError, WorkflowStateError) as exc:
             fail(str(exc))  # a workflow's row is retried with its workflow only
         if not retried:

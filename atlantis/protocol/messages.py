@@ -19,16 +19,17 @@ child -> supervisor (events pipe)
              ``jobs`` the jobs it has a handler for (the supervisor hands it only those)
   Fatal      the app could not be loaded; the child exits
   Checkpoint progress; ``pct`` None stands for NaN
-  Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``;
+  Done       the attempt's result: only ``complete``, ``failed``, ``discard``, ``snooze``,
+             ``suspend`` (a durable sleep: ``wake`` and ``waits``; ``steps`` records written);
              ``retire`` says why the child will run no other attempt; ``result`` the
              handler's return value as JSON text; ``spans`` the handler's spans (JSON text);
              ``nulled`` where that value held NaN or an infinity (written as null)
 child -> supervisor (lease cell, read once the child is gone)
   last words why the child (or the lease keeper) stopped its attempt: shared memory
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
-  Fork / Forked / Exited (each says what it means); ZygoteReady (the app is imported,
-  it forks on request), ZygoteFatal (the app could not be imported; it exits), Unsafe
-  (forking this app is unsafe, it has threads after import: fresh interpreters instead)
+  Fork / Forked / Exited (each says what it means); ZygoteReady (the app is imported, it
+  forks on request), ZygoteFatal (the app failed to import; it exits), Unsafe (it has threads
+  after import: forking it is unsafe, fresh interpreters instead)
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ MAX_TEXT = 256 * 1024
 """No string field of a child's message may be longer (error texts are clipped to 64 KiB)."""
 MAX_LEFTOVERS = 100
 
-Outcome = Literal["complete", "failed", "discard", "snooze"]
-ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args", "result"]
+Outcome = Literal["complete", "failed", "discard", "snooze", "suspend"]
+ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args", "result", "steps", "lease", "swallowed"]
 """The error kinds a child may report; the supervisor adds its own (timeout, crash, ...)."""
 
 
@@ -80,13 +81,13 @@ class Run:
     workflow: str | None = None
     """A workflow step's context (``atlantis.step_context``'s JSON text); None outside."""
     trace: str | None = None
+    run_id: str | None = None  # the claim's run id: the handler's step writes are fenced on it
     t: Literal["run"] = "run"
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
     """An operator cancelled the job: ``ctx.cancelled`` becomes true."""
-
     job_id: int
     t: Literal["cancel"] = "cancel"
 
@@ -94,7 +95,6 @@ class Cancel:
 @dataclass(frozen=True, slots=True)
 class Stopping:
     """The supervisor drains: ``ctx.stopping`` becomes true (not a cancel)."""
-
     job_id: int
     t: Literal["stopping"] = "stopping"
 
@@ -138,6 +138,9 @@ class Done:
     spans: str | None = None
     nulled: str | None = None
     """Where the value held NaN or infinities (``result`` has null): results.non_finite."""
+    wake: str | None = None  # ``suspend``: when the job runs again (ISO 8601, the database's)
+    waits: str | None = None  # ``suspend``: what it waits for (``sleep:<step>``)
+    steps: int = 0  # the handler step records this run wrote
     t: Literal["done"] = "done"
 
 
@@ -146,7 +149,6 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Fork:
     """Supervisor to zygote: fork a worker onto the descriptors sent with this packet."""
-
     token: int
     t: Literal["fork"] = "fork"
 
@@ -154,7 +156,6 @@ class Fork:
 @dataclass(frozen=True, slots=True)
 class Forked:
     """The zygote forked the worker asked for by ``token``."""
-
     token: int
     pid: int
     t: Literal["forked"] = "forked"
@@ -163,7 +164,6 @@ class Forked:
 @dataclass(frozen=True, slots=True)
 class Exited:
     """A worker the zygote forked exited (the zygote reaps them)."""
-
     pid: int
     code: int
     t: Literal["exit"] = "exit"

@@ -36,7 +36,14 @@ SELECT id, run, attempt, worker, host, pid, child_pid, started_at, finished_at, 
   FROM atlantis.attempts WHERE job_id = %(job_id)s ORDER BY id
 
 -- name: job_retry
-SELECT atlantis.retry(%(id)s, coalesce(%(by)s::text, current_user::text)) AS id
+-- `fresh`: the job's handler step records are dropped with the retry (migration 0026), in
+-- the same statement; otherwise its next run resumes from them.
+WITH r AS MATERIALIZED (
+    SELECT atlantis.retry(%(id)s, coalesce(%(by)s::text, current_user::text)) AS id
+)
+SELECT r.id, CASE WHEN %(fresh)s::boolean AND r.id IS NOT NULL
+                  THEN atlantis.clear_steps(r.id) END AS cleared
+  FROM r
 
 -- name: workflow_start
 -- Workflows (migration 0017): in the caller's transaction, as an enqueue.

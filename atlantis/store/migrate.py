@@ -118,6 +118,13 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.limit_period_text(interval),"
     " atlantis.key_digest(text), atlantis.key_text(text)"
 )
+# What a handler's own connection calls for its steps (migration 0026): the handler's role
+# (--handler-database-url) is an enqueuer's, or the worker's when none is given.
+_STEP_FUNCTIONS: LiteralString = (
+    "atlantis.step_fence(bigint, uuid), atlantis.step_records(bigint, uuid),"
+    " atlantis.record_step(bigint, uuid, text, text, jsonb, int),"
+    " atlantis.step_sleep(bigint, uuid, text, double precision, timestamp with time zone, int)"
+)
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.
     "atlantis_enqueuer": """
@@ -126,7 +133,8 @@ GRANT EXECUTE ON FUNCTION
     atlantis.enqueue(text, jsonb, timestamptz, int, text, interval, jsonb),
     atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval, jsonb),
     atlantis.cancel(bigint, text),
-    atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text)
+    atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
+    """ + _STEP_FUNCTIONS + """
     TO atlantis_enqueuer;""",
     # atlantis-supervise: claims, leases, results, attempts, logs, its workers row,
     # schedules and retention, and syncing declarations into job_types; no DDL, no
@@ -143,7 +151,7 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
 REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
     atlantis.resume(text, text), atlantis.delete_finished(bigint[]),
     atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
-    atlantis.set_queue_limit(text, int, text)
+    atlantis.set_queue_limit(text, int, text), atlantis.clear_steps(bigint)
     FROM atlantis_worker;""",
     # tide's changes and the console's writes, through functions, plus what reads need.
     "atlantis_operator": """
@@ -155,7 +163,8 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.prune(interval, text[], int), atlantis.delete_finished(bigint[]),
     atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
     atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
-    atlantis.prune_workflows(interval, text[], int), atlantis.set_queue_limit(text, int, text)
+    atlantis.prune_workflows(interval, text[], int), atlantis.set_queue_limit(text, int, text),
+    atlantis.clear_steps(bigint)
     TO atlantis_operator;
 DO $$
 BEGIN

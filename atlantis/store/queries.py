@@ -102,6 +102,15 @@ class Queries:
     workflow_compensation_steps: LiteralString
     workflow_list: LiteralString
     workflow_counts: LiteralString
+    # steps.sql (handler steps: the child's writes, operators' reads)
+    step_records: LiteralString
+    step_record: LiteralString
+    step_sleep: LiteralString
+    step_clear: LiteralString
+    step_list: LiteralString
+    step_summary: LiteralString
+    step_suspension: LiteralString
+    queue_asleep: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -134,7 +143,7 @@ def _compact(body: str) -> str:
 def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
-             "workflows.sql")
+             "workflows.sql", "steps.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 

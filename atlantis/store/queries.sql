@@ -37,7 +37,7 @@ SELECT atlantis.limit_mark(%(job)s)
 -- Up to `limit` due rows no limit applies to, for `worker` (atlantis.claim, migration 0020:
 -- the statement, with its plan made once a session). `limited`: the jobs declaring limits.
 SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
-       heartbeat, backoff, deadline, workflow_id, workflow, trace_context
+       heartbeat, backoff, deadline, workflow_id, workflow, trace_context, run_id
   FROM atlantis.claim(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text, %(limit)s::int,
                       %(limited)s::text[])
 
@@ -49,7 +49,7 @@ SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeo
 SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
        c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
        (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
-       c.wake_in, c.cursor
+       c.wake_in, c.cursor, c.run_id
   FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
                               %(after)s) AS c
 
@@ -108,7 +108,9 @@ SELECT upd.id, upd.cancel_requested FROM upd CROSS JOIN note
 -- The results of many attempts in one statement. The next state of each row was decided
 -- by the supervisor (atlantis.supervisor.policy); this statement only applies it, fenced on
 -- the attempt still owning its row. `spent` false (a snooze, a drained attempt) gives the
--- attempt back; an available row may run again after `backoff`, when it is given (the
+-- attempt back; a suspended one (`suspend`: a handler's durable sleep) runs again at its
+-- `wake` and says what it waits for (`waits`, the row's suspended_for; migration 0026);
+-- an available row may run again after `backoff`, when it is given (the
 -- job's backoff for this attempt, at most that many seconds: atlantis.retry_delay, the one
 -- home of the retry delay), else after `delay` (a snooze). A cancel requested
 -- meanwhile wins over whatever the attempt did: the row ends `cancelled`, and its text
@@ -123,7 +125,7 @@ WITH r AS (
         AS r(id bigint, run int, attempt int, state text, spent bool, delay float8,
              backoff float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
-             log_lines int, log_dropped int, result jsonb)
+             log_lines int, log_dropped int, result jsonb, wake timestamptz, waits text)
 ), cur AS (
     SELECT r.*, j.started_at AS attempt_started,
            -- Cancelled, but not by this outcome's own cancelled error: append one.
@@ -156,11 +158,14 @@ WITH r AS (
        SET state = CASE WHEN cur.cancelling THEN 'cancelled' ELSE cur.state END,
            attempt = CASE WHEN cur.spent OR cur.cancelling THEN j.attempt ELSE j.attempt - 1 END,
            run_at = CASE WHEN cur.state <> 'available' OR cur.cancelling THEN j.run_at
+                         WHEN cur.wake IS NOT NULL THEN cur.wake  -- suspended: the wake time
                          WHEN cur.backoff IS NOT NULL
                          THEN now() + atlantis.retry_delay(j.backoff, j.attempt,
                                                            make_interval(secs => cur.backoff))
                          ELSE now() + make_interval(secs => cur.delay) END,
            claimed_until = NULL,
+           suspended_for = CASE WHEN cur.state = 'available' AND NOT cur.cancelling
+                                THEN cur.waits END,
            finished_at = CASE WHEN cur.cancelling OR cur.state IN ('complete', 'dead', 'cancelled')
                               THEN now() END,
            progress_pct = CASE WHEN cur.has_progress THEN atlantis.clamp_pct(cur.pct)
@@ -195,7 +200,7 @@ WITH r AS (
     INSERT INTO atlantis.attempts (job_id, run, attempt, worker, host, pid, child_pid,
                                    started_at, outcome, error_kind, log_lines, log_dropped)
     SELECT done.id, done.run, done.attempt + CASE WHEN done.state = 'available' AND done.label IN
-                                            ('snooze', 'release') THEN 1 ELSE 0 END,
+                                            ('snooze', 'release', 'suspend') THEN 1 ELSE 0 END,
            %(worker)s, %(host)s, %(pid)s, done.child_pid, done.attempt_started,
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.label END,
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.error_kind END,

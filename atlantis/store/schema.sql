@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0025) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0026) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -127,7 +127,7 @@ CREATE FUNCTION atlantis.check_field(job text, fname text, ftype text, flen inte
 -- Name: claim(text[], text[], text, integer, text[]); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n integer, limited text[]) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, trace_context jsonb)
+CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n integer, limited text[]) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, trace_context jsonb, run_id uuid)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -153,7 +153,7 @@ CREATE FUNCTION atlantis.claim_isolate(queues text[], jobs text[], worker text, 
 -- Name: claim_limited(text[], text[], text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
-CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer, after text DEFAULT NULL::text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text)
+CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, n integer, after text DEFAULT NULL::text) RETURNS TABLE(id bigint, job text, queue text, args text, run integer, attempt integer, max_attempts integer, cancel_requested boolean, timeout double precision, heartbeat double precision, backoff double precision, deadline timestamp with time zone, workflow_id bigint, workflow text, wake_in double precision, cursor text, run_id uuid)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -164,6 +164,15 @@ CREATE FUNCTION atlantis.claim_limited(queues text[], jobs text[], worker text, 
 
 CREATE FUNCTION atlantis.clamp_pct(p double precision) RETURNS smallint
     LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: clear_steps(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.clear_steps(job_id bigint) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -499,6 +508,15 @@ CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(qu
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: record_step(bigint, uuid, text, text, jsonb, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.record_step(job_id bigint, run_id uuid, name text, kind text, value jsonb, attempt integer) RETURNS timestamp with time zone
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: resume(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -617,6 +635,8 @@ CREATE TABLE atlantis.jobs (
     result jsonb,
     limit_group text,
     trace_context jsonb,
+    run_id uuid,
+    suspended_for text,
     CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_compensation_check CHECK (((NOT compensation) OR (workflow_id IS NOT NULL))),
     CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
@@ -668,6 +688,33 @@ CREATE FUNCTION atlantis.step_args(job_name text, args jsonb) RETURNS jsonb
 
 CREATE FUNCTION atlantis.step_context(job_id bigint) RETURNS jsonb
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: step_fence(bigint, uuid); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_fence(job_id bigint, run_id uuid) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: step_records(bigint, uuid); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_records(job_id bigint, run_id uuid) RETURNS TABLE(name text, kind text, value text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: step_sleep(bigint, uuid, text, double precision, timestamp with time zone, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_sleep(job_id bigint, run_id uuid, name text, seconds double precision, until timestamp with time zone, attempt integer) RETURNS TABLE(wake timestamp with time zone, due boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -950,6 +997,24 @@ CREATE VIEW atlantis.job_rows AS
    FROM atlantis.jobs j;
 
 --
+-- Name: job_steps; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.job_steps (
+    job_id bigint NOT NULL,
+    name text NOT NULL,
+    kind text NOT NULL,
+    value jsonb NOT NULL,
+    bytes integer NOT NULL,
+    run_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT job_steps_bytes_check CHECK ((bytes >= 0)),
+    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text]))),
+    CONSTRAINT job_steps_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200)))
+);
+
+--
 -- Name: jobs_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
 --
 
@@ -1166,6 +1231,13 @@ ALTER TABLE ONLY atlantis.console_audit
     ADD CONSTRAINT console_audit_pkey PRIMARY KEY (id);
 
 --
+-- Name: job_steps job_steps_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_steps
+    ADD CONSTRAINT job_steps_pkey PRIMARY KEY (job_id, name);
+
+--
 -- Name: job_types job_types_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
 --
 
@@ -1304,6 +1376,12 @@ CREATE INDEX jobs_limited_running_idx ON atlantis.jobs USING btree (job, limit_g
 CREATE INDEX jobs_state_queue_idx ON atlantis.jobs USING btree (state, queue);
 
 --
+-- Name: jobs_suspended_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_suspended_idx ON atlantis.jobs USING btree (queue) WHERE ((state = 'available'::text) AND (suspended_for IS NOT NULL));
+
+--
 -- Name: jobs_unique_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
@@ -1392,6 +1470,13 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON atlantis.jobs REFERENCING NE
 --
 
 CREATE TRIGGER jobs_workflow_advance AFTER UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((new.workflow_id IS NOT NULL) AND (old.state IS DISTINCT FROM new.state) AND (new.state <> 'running'::text))) EXECUTE FUNCTION atlantis.workflow_advance();
+
+--
+-- Name: job_steps job_steps_job_id_fkey; Type: FK CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_steps
+    ADD CONSTRAINT job_steps_job_id_fkey FOREIGN KEY (job_id) REFERENCES atlantis.jobs(id) ON DELETE CASCADE;
 
 --
 -- Name: workflow_steps workflow_steps_workflow_id_fkey; Type: FK CONSTRAINT; Schema: atlantis; Owner: -

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString, Protocol, TypeVar
+from uuid import UUID
 
 import orjson
 
@@ -46,6 +47,8 @@ class ClaimedRow:
     """The step's workflow; None outside workflows."""
     trace_context: dict[str, str] | None = None
     """The enqueuer's W3C trace context (migration 0019); None when it traced nothing."""
+    run_id: UUID | None = None
+    """The claim's run id (migration 0026): the child's handler steps are fenced on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,10 @@ class Result:
     workflow_id: int | None = None
     """The workflow of a step (or compensation): the finish statement locks it
     (:func:`finish_params` orders the batch by it)."""
+    wake: str | None = None
+    """A suspended run (``suspend``): when the row runs again (its run_at)."""
+    waits: str | None = None
+    """A suspended run: what it waits for (the row's suspended_for)."""
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
@@ -158,6 +165,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
             "label": r.label or r.state, "child_pid": r.child_pid,
             "log_lines": r.log_lines, "log_dropped": r.log_dropped,
             "result": None if r.result is None else orjson.Fragment(r.result),
+            "wake": r.wake, "waits": r.waits,
         } for r in batch]).decode(),
         "host": host,
         "pid": pid,

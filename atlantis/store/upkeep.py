@@ -54,6 +54,12 @@ async def queue_gauges(db: Connection, queues: list[str]) -> tuple[int, int]:
     return rows[0][0], rows[0][1]
 
 
+async def queue_asleep(db: Connection, queues: list[str]) -> dict[str, int]:
+    """Per queue of ``queues`` holding any: its jobs suspended by a durable sleep."""
+    rows = await db.fetch(Q.queue_asleep, {"queues": queues}, timeout=5)
+    return {r[0]: int(r[1]) for r in rows}
+
+
 async def limit_gauges(db: Connection, queues: list[str]) -> dict[str, tuple[int | None, int]]:
     """Per queue of ``queues``: (its concurrency limit, None for none; due waiting rows of
     limited jobs or queues not running yet), from ``atlantis.limit_usage``."""

@@ -178,7 +178,8 @@ class Ledger:
         self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
                                      a.child_pid, a.log_lines, a.log_dropped, a.run,
-                                     outcome.result, outcome.backoff, a.row.workflow_id)))
+                                     outcome.result, outcome.backoff, a.row.workflow_id,
+                                     outcome.wake, outcome.waits)))
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:

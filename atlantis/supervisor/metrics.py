@@ -66,10 +66,20 @@ class Metrics:
             "atlantis_schedule_slots_missed_total", "Schedule slots skipped because they were "
             "already later than the grace when a round first saw them (nothing ran then); "
             "counted by the supervisor that recorded them.", ["job"], registry=self.registry)
+        self.step_records = Counter(
+            "atlantis_handler_step_records_total", "Handler step records written (ctx.run_step, "
+            "ctx.transaction, ctx.sleep), as the attempts that wrote them reported.", ["queue"],
+            registry=self.registry)
+        self.asleep = Gauge(
+            "atlantis_jobs_asleep", "Jobs of a served queue suspended by a durable sleep "
+            "(available, waiting for their wake time).", ["queue"], registry=self.registry)
         self.database_up.set(1)
         # Labelled series, looked up once: ``labels()`` validates and locks on every call.
         self._ended: dict[tuple[str, str, str], Any] = {}
         self._durations: dict[tuple[str, str], Any] = {}
+
+    def steps_recorded(self, queue: str, n: int) -> None:
+        self.step_records.labels(queue).inc(n)
 
     def attempt_ended(self, queue: str, job: str, outcome: str, seconds: float | None) -> None:
         """Count an ended attempt, and observe how long it took (when it started)."""

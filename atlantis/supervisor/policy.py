@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from tenacity import RetryCallState, Retrying
@@ -24,7 +25,6 @@ from atlantis.units import format_duration, format_size
 
 NextState = Literal["complete", "available", "dead", "cancelled"]
 StopReason = Literal["timeout", "memory", "tasks", "drain", "cancel", "lease", "protocol"]
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,10 @@ class Verdict:
     nulled: str | None = None
     """Where the stored result had NaN or an infinity, stored as null (outside a workflow;
     the supervisor logs this)."""
+    wake: str | None = None
+    """A suspended run (label ``suspend``): when its row runs again, as the child's handler
+    step recorded it (the database's clock); ``waits``: what it waits for."""
+    waits: str | None = None
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -227,6 +231,8 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
         return stopped
     if done.outcome == "complete":
         return completed(facts, done.result, done.nulled)
+    if done.outcome == "suspend":  # a durable sleep: no attempt spent, no cap on the time
+        return suspended(facts, limits, done)
     if done.outcome == "snooze":
         return Verdict("available", False, delay=clamp_delay(done.delay, limits.max_snooze),
                        label="snooze")
@@ -234,6 +240,20 @@ def decide(facts: AttemptFacts, limits: Limits, done: Done, reason: StopReason |
     if done.outcome == "discard":
         return Verdict("dead", True, error=error, label="discard")
     return failed(facts, limits, error)
+
+
+def suspended(facts: AttemptFacts, limits: Limits, done: Done) -> Verdict:
+    """A durable sleep: back to ``available`` at its wake time, the attempt given back; a
+    wake time that is no time with a zone (a forged frame) fails the attempt instead."""
+    try:
+        ok = datetime.fromisoformat(done.wake or "").utcoffset() is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        return failed(facts, limits, {"attempt": facts.attempt, "kind": "steps", "message":
+                                      f"a suspend with no wake time: {cut(str(done.wake), 60)}"})
+    return Verdict("available", False, label="suspend", wake=done.wake,
+                   waits=cut(clean(done.waits or "sleep"), 200))
 
 
 def completed(facts: AttemptFacts, result: str | None, nulled: str | None = None) -> Verdict:

@@ -212,6 +212,7 @@ class Pool(Service):
             lease_end=a.lease_end, lease_margin=policy.child_margin(row.heartbeat),
             database_url=self.rt.settings.child_database_url, workflow=row.workflow,
             trace=self.ledger.tracing.traceparent(a),
+            run_id=None if row.run_id is None else str(row.run_id),
         ))  # a child that died meanwhile is handled by its exit
         # (A row cancelled while its claim was on its way never gets here: Ledger.take_held
         # ends it cancelled before any child takes it.)
@@ -303,6 +304,8 @@ class Pool(Service):
             self.retire(child)
         else:
             child.state = "idle"
+        if msg.steps:
+            rt.metrics.steps_recorded(a.queue, msg.steps)
         verdict = policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
                                 cancelled=a.cancelling)
         if verdict.unstored is not None:

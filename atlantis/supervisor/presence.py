@@ -103,6 +103,12 @@ class Presence(Service):
             return
         for state, count in workflows.items():
             rt.metrics.workflows.labels(state).set(count)
+        try:
+            asleep = await sql.queue_asleep(self.db, list(s.queues))
+        except (DatabaseUnavailable, StatementRejected):
+            return
+        for queue in s.queues:
+            rt.metrics.asleep.labels(queue).set(asleep.get(queue, 0))
 
     async def unregister(self) -> None:
         try:

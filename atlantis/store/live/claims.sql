@@ -44,7 +44,7 @@ CREATE OR REPLACE FUNCTION atlantis.claim(queues text[], jobs text[], worker tex
 RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
                max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
                backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
-               trace_context jsonb)
+               trace_context jsonb, run_id uuid)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -71,6 +71,7 @@ BEGIN
     UPDATE atlantis.jobs j
        SET state = 'running', attempt = j.attempt + 1, claimed_by = claim.worker,
            claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]',
+           run_id = gen_random_uuid(), suspended_for = NULL,
            limit_group = CASE WHEN picked.limited OR j.job = ANY(claim.limited) THEN '' END
       FROM picked
      WHERE j.id = picked.id
@@ -85,7 +86,7 @@ BEGIN
               now() + j.timeout, j.workflow_id,
               CASE WHEN j.workflow_id IS NULL THEN NULL
                    ELSE atlantis.step_context(j.id)::text END,
-              j.trace_context;
+              j.trace_context, j.run_id;
 END
 $$;
 
@@ -132,7 +133,7 @@ BEGIN
             UPDATE atlantis.jobs j
                SET state = 'running', attempt = j.attempt + 1, claimed_by = claim_isolate.worker,
                    claimed_until = now() + j.heartbeat, started_at = now(),
-                   progress_history = '[]',
+                   progress_history = '[]', run_id = gen_random_uuid(), suspended_for = NULL,
                    limit_group = CASE WHEN j.limit_group IS NOT NULL THEN j.limit_group
                                       WHEN j.job = ANY (claim_isolate.limited) OR EXISTS (
                                            SELECT 1 FROM atlantis.queues l

@@ -67,7 +67,8 @@ BEGIN
     RETURN QUERY
     UPDATE atlantis.jobs j
        SET state = 'running', attempt = j.attempt + 1, claimed_by = claim_groups.worker,
-           claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]'
+           claimed_until = now() + j.heartbeat, started_at = now(), progress_history = '[]',
+           run_id = gen_random_uuid(), suspended_for = NULL
       FROM (SELECT h.id, t.g
               FROM unnest(claim_groups.tried) AS t(g)
              CROSS JOIN LATERAL (
@@ -131,7 +132,7 @@ CREATE OR REPLACE FUNCTION atlantis.claim_limited(queues text[], jobs text[], wo
 RETURNS TABLE (id bigint, job text, queue text, args text, run int, attempt int,
                max_attempts int, cancel_requested boolean, timeout float8, heartbeat float8,
                backoff float8, deadline timestamptz, workflow_id bigint, workflow text,
-               wake_in float8, cursor text)
+               wake_in float8, cursor text, run_id uuid)
 LANGUAGE plpgsql VOLATILE
 -- Its statements' plans are made once (a custom plan each call costs more than the call).
 SET plan_cache_mode = force_generic_plan
@@ -200,7 +201,9 @@ BEGIN
             p := atlantis.limited_priority(q, p);
         END LOOP;
     END LOOP;
-    RETURN QUERY SELECT * FROM atlantis.limited_rows(claimed, last);
+    -- The run id (migration 0026) beside limited_rows' columns, whose type is older.
+    RETURN QUERY SELECT l.*, (SELECT j.run_id FROM atlantis.jobs j WHERE j.id = l.id)
+                   FROM atlantis.limited_rows(claimed, last) AS l;
 END
 $$;
 

@@ -108,7 +108,7 @@ BEGIN
                claimed_by = NULL, claimed_until = NULL, cancel_requested_at = NULL,
                cancelled_by = NULL, progress_pct = NULL, progress_msg = NULL,
                progress_at = NULL, progress_history = '[]', last_error = NULL,
-               retried_by = who, retried_at = now(),
+               retried_by = who, retried_at = now(), suspended_for = NULL,
                unique_key = j.unique_key  -- version 12
          WHERE id = j.id;
     EXCEPTION WHEN unique_violation THEN

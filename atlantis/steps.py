@@ -1,0 +1,386 @@
+"""Handler steps: what ``ctx.run_step``, ``ctx.transaction`` and ``ctx.sleep`` keep across a
+job's runs (issue 34). The rules live here once; :class:`StepBook` and
+:class:`AsyncStepBook` only do their I/O (``atlantis.store.steps``), on a connection of the
+run's own to the handler's database (``ctx.database_url``), opened at the first step.
+
+- The records are read once, at the first step of a run; a step found there returns its
+  recorded value without running. Each new record is durable before its step returns (a
+  plain step: one commit on an autocommit connection; a transaction step: in the handler's
+  transaction, fenced, as its last statement before COMMIT).
+- Steps are found by name; a name used twice in one run is refused (:class:`StepError`).
+- A value is recorded as a job's result is stored (JSON, at most 64 KiB, nested at most 64
+  levels, no NUL), and NaN or an infinity is refused rather than changed: the value a step
+  returns is the recorded one (decoded), on the run that records it as on every later one.
+- A run that lost its lease stops (:class:`LeaseLost`); a COMMIT whose outcome is unknown
+  fails the attempt (the next run reads the record, or runs the step again). Either, and a
+  suspension, is remembered (``stop``): a handler that catches it and goes on still ends
+  the way it said (the child reads ``stop``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from atlantis.errors import LeaseLost, StepError, Suspended
+from atlantis.protocol import results
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from atlantis.store.steps import Fence
+
+#: The most records one job may hold, and their bytes in all (each at most 64 KiB).
+MAX_STEP_RECORDS = 100_000
+MAX_STEP_BYTES = 64 * 1024 * 1024
+MAX_STEP_NAME = 200
+
+_MISSING: Any = object()
+
+
+def check_name(name: object) -> str:
+    if type(name) is not str or not name or len(name) > MAX_STEP_NAME or "\x00" in name:
+        raise StepError(f"a handler step's name must be a non-empty string of at most "
+                        f"{MAX_STEP_NAME} characters without NUL, not {str(name)[:60]!r}")
+    return name
+
+
+def sleep_seconds(duration: object) -> float:
+    """``ctx.sleep``'s duration in seconds: a timedelta or a number, finite, not negative."""
+    if isinstance(duration, timedelta):
+        seconds = duration.total_seconds()
+    elif isinstance(duration, int | float) and not isinstance(duration, bool):
+        seconds = float(duration)
+    else:
+        raise StepError(f"ctx.sleep needs a timedelta or a number of seconds, not "
+                        f"{type(duration).__name__}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise StepError(f"ctx.sleep needs a finite duration of at least 0 seconds, "
+                        f"not {seconds!r}")
+    return seconds
+
+
+def wake_time(when: object) -> datetime:
+    if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+        raise StepError("ctx.sleep_until needs a datetime with a time zone "
+                        "(datetime.now(timezone.utc) + ...), not "
+                        f"{when!r}"[:200])
+    return when
+
+
+def encode(name: str, value: object) -> str:
+    """The record of ``value``, or StepError (kind ``result``) saying why it cannot be."""
+    text, why = results.encode(value)
+    if why is None and text is not None:
+        where = results.non_finite(value, text)
+        if where is not None:
+            why = f"it holds NaN or an infinity, which JSON cannot carry ({where})"
+    if why is not None:
+        raise StepError(f"handler step {name!r}: its value cannot be recorded: {why}",
+                        kind="result")
+    return "null" if text is None else text
+
+
+class _Rules:
+    """What both books share: the records read, the names used, the caps, the stop."""
+
+    def __init__(self, fence: Fence, url: str | None) -> None:
+        self.fence = fence
+        self.url = url
+        self.found: dict[str, tuple[str, str]] | None = None
+        self.used: set[str] = set()
+        self.count = 0
+        self.bytes = 0
+        self.written = 0
+        self.stop: BaseException | None = None
+        """Why the run must end (a suspension, a lost lease, an unknown COMMIT): the child
+        fails the attempt with it if the handler caught it and went on."""
+
+    def begin(self, name: object) -> str:
+        if self.stop is not None:
+            raise StepError(f"handler step {str(name)[:60]!r}: this run has ended "
+                            f"({self.stop}); no step may run after that")
+        checked = check_name(name)
+        if checked in self.used:
+            raise StepError(f"handler step {checked!r} was already used in this run: name "
+                            "each step once (a loop names its steps: f\"page-{n}\")")
+        self.used.add(checked)
+        return checked
+
+    def recorded(self, name: str, kind: str) -> Any:
+        assert self.found is not None
+        hit = self.found.get(name)
+        if hit is None:
+            return _MISSING
+        if hit[0] != kind:
+            raise StepError(f"handler step {name!r} was recorded as a {hit[0]} step and is "
+                            f"now run as a {kind} step: give the new step a new name")
+        return orjson.loads(hit[1])
+
+    def loaded(self, rows: list[tuple[str, str, str]]) -> None:
+        self.found = {name: (kind, value) for name, kind, value in rows}
+        self.count = len(rows)
+        self.bytes = sum(len(value) for _, _, value in rows)
+
+    def room(self, name: str, text: str) -> None:
+        if self.count + 1 > MAX_STEP_RECORDS:
+            raise StepError(f"handler step {name!r}: the job already holds {self.count} step "
+                            f"records, the most a job may hold", kind="result")
+        if self.bytes + len(text) > MAX_STEP_BYTES:
+            raise StepError(f"handler step {name!r}: the job's step records would pass "
+                            f"{MAX_STEP_BYTES // (1024 * 1024)} MiB in all", kind="result")
+
+    def wrote(self, name: str, kind: str, text: str) -> None:
+        assert self.found is not None
+        self.found[name] = (kind, text)
+        self.count += 1
+        self.bytes += len(text)
+        self.written += 1
+
+    def need_url(self) -> str:
+        if not self.url:
+            raise StepError("handler steps need the jobs' database: this attempt was given "
+                            "no database URL (ctx.database_url)")
+        return self.url
+
+    def fail(self, exc: BaseException, name: str) -> BaseException:
+        """The exception a database error of step ``name`` becomes (and is remembered as
+        the run's stop when the run must end)."""
+        state = getattr(exc, "sqlstate", None)
+        from atlantis.store import steps as store
+
+        if state == store.LEASE_LOST:
+            self.stop = LeaseLost(f"handler step {name!r}: this run of job "
+                                  f"{self.fence.job_id} no longer holds its lease; "
+                                  "nothing it did in the step was committed")
+            return self.stop
+        if state == store.NO_SUCH_JOB or state in ("42883", "3F000", "42P01"):
+            return StepError(
+                f"handler steps need the handler's database to be the jobs' database: "
+                f"ctx.database_url (--handler-database-url) holds no job {self.fence.job_id}")
+        if state == "42501":
+            return StepError("handler steps: the handler's database role may not call "
+                             "atlantis's step functions; grant it atlantis_enqueuer")
+        return exc
+
+    def unknown_commit(self, name: str, exc: BaseException) -> BaseException:
+        self.stop = StepError(f"transaction step {name!r}: the connection failed during "
+                              f"COMMIT, so whether it committed is unknown ({exc}); the "
+                              "attempt fails and the next run reads the record")
+        return self.stop
+
+    def suspend(self, name: str, wake: datetime) -> Suspended:
+        self.stop = Suspended(wake.isoformat(), f"sleep:{name}")
+        return self.stop
+
+
+class StepBook(_Rules):
+    """A sync handler's steps."""
+
+    def __init__(self, fence: Fence, url: str | None) -> None:
+        super().__init__(fence, url)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _open(self, name: str) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            import psycopg
+
+            from atlantis.store import steps as store
+
+            try:
+                self._conn = psycopg.connect(self.need_url(), **store.CONNECT_OPTIONS)
+                self.loaded(store.records(self._conn, self.fence))
+            except psycopg.Error as exc:
+                raise self.fail(exc, name) from exc
+        return self._conn
+
+    def run_step(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        key = self.begin(name)
+        conn = self._open(key)
+        value = self.recorded(key, "step")
+        if value is not _MISSING:
+            return value
+        text = encode(key, fn(*args, **kwargs))
+        self.room(key, text)
+        self._write(conn, key, "step", text)
+        return orjson.loads(text)
+
+    def _write(self, conn: psycopg.Connection[Any], name: str, kind: str, text: str) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        try:
+            store.record(conn, self.fence, name, kind, text)
+        except psycopg.Error as exc:
+            raise self.fail(exc, name) from exc
+        self.wrote(name, kind, text)
+
+    def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        import psycopg
+
+        key = self.begin(name)
+        conn = self._open(key)
+        value = self.recorded(key, "transaction")
+        if value is not _MISSING:
+            return value
+        committing = False
+        text = ""
+        try:
+            with conn.transaction():
+                text = encode(key, fn(conn, *args, **kwargs))
+                self.room(key, text)
+                from atlantis.store import steps as store
+
+                try:
+                    store.record(conn, self.fence, key, "transaction", text)
+                except psycopg.Error as exc:
+                    raise self.fail(exc, key) from exc
+                committing = True
+        except psycopg.OperationalError as exc:
+            if committing:
+                raise self.unknown_commit(key, exc) from exc
+            raise
+        self.wrote(key, "transaction", text)
+        return orjson.loads(text)
+
+    def sleep(self, name: object, seconds: float | None, until: datetime | None) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = self._open(key)
+        self.recorded(key, "sleep")  # refuses a name recorded as another kind
+        try:
+            wake, due = store.sleep(conn, self.fence, key, seconds, until)
+        except psycopg.Error as exc:
+            raise self.fail(exc, key) from exc
+        if due:
+            return
+        raise self.suspend(key, wake)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
+
+
+class AsyncStepBook(_Rules):
+    """An async handler's steps: the same rules, on an async connection."""
+
+    def __init__(self, fence: Fence, url: str | None) -> None:
+        super().__init__(fence, url)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _open(self, name: str) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            import psycopg
+
+            from atlantis.store import steps as store
+
+            try:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.need_url(), **store.CONNECT_OPTIONS)
+                self.loaded(await store.records_async(self._conn, self.fence))
+            except psycopg.Error as exc:
+                raise self.fail(exc, name) from exc
+        return self._conn
+
+    async def run_step(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "step")
+        if value is not _MISSING:
+            return value
+        got = fn(*args, **kwargs)
+        if _awaitable(got):
+            got = await got
+        text = encode(key, got)
+        self.room(key, text)
+        await self._write(conn, key, "step", text)
+        return orjson.loads(text)
+
+    async def _write(self, conn: psycopg.AsyncConnection[Any], name: str, kind: str,
+                     text: str) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        try:
+            await store.record_async(conn, self.fence, name, kind, text)
+        except psycopg.Error as exc:
+            raise self.fail(exc, name) from exc
+        self.wrote(name, kind, text)
+
+    async def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "transaction")
+        if value is not _MISSING:
+            return value
+        committing = False
+        text = ""
+        try:
+            async with conn.transaction():
+                got = fn(conn, *args, **kwargs)
+                if _awaitable(got):
+                    got = await got
+                text = encode(key, got)
+                self.room(key, text)
+                try:
+                    await store.record_async(conn, self.fence, key, "transaction", text)
+                except psycopg.Error as exc:
+                    raise self.fail(exc, key) from exc
+                committing = True
+        except psycopg.OperationalError as exc:
+            if committing:
+                raise self.unknown_commit(key, exc) from exc
+            raise
+        self.wrote(key, "transaction", text)
+        return orjson.loads(text)
+
+    async def sleep(self, name: object, seconds: float | None, until: datetime | None) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        self.recorded(key, "sleep")
+        try:
+            wake, due = await store.sleep_async(conn, self.fence, key, seconds, until)
+        except psycopg.Error as exc:
+            raise self.fail(exc, key) from exc
+        if due:
+            return
+        raise self.suspend(key, wake)
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
+
+
+def _awaitable(value: object) -> bool:
+    import inspect
+
+    return inspect.isawaitable(value)

@@ -1,0 +1,131 @@
+"""Handler steps in the database (issue 34, migration 0026): the statements a run's child
+sends on its handler's own connection, and the operators' reads.
+
+Every write is fenced on the run (``atlantis.step_fence``, live/steps.sql). The errors of
+the fence are told apart by SQLSTATE: :data:`LEASE_LOST` (this run no longer holds the
+job: another may), :data:`NO_SUCH_JOB` (the handler's database is not the jobs').
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from atlantis.store.queries import Q
+from atlantis.store.typed_rows import all_rows, one_row
+
+#: SQLSTATE of a fenced write or read whose run no longer holds the job's lease.
+LEASE_LOST = "ATL20"
+#: SQLSTATE of a step call naming a job this database does not hold.
+NO_SUCH_JOB = "ATL21"
+
+#: Open options of a handler's step connection: autocommit (a plain step's record is its
+#: own transaction: one commit), nothing prepared (PgBouncer in transaction mode).
+CONNECT_OPTIONS: dict[str, Any] = {"autocommit": True, "prepare_threshold": None,
+                                   "application_name": "atlantis handler steps"}
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Which run writes: the job and the run id of its claim, and the attempt (shown)."""
+
+    job_id: int
+    run_id: str
+    attempt: int
+
+
+def _params(fence: Fence, **more: Any) -> dict[str, Any]:
+    return {"job_id": fence.job_id, "run_id": UUID(fence.run_id), "attempt": fence.attempt,
+            **more}
+
+
+# ---- the child's side (sync and async twins; the rules are the caller's) ----------------
+
+def records(conn: psycopg.Connection[Any], fence: Fence) -> list[tuple[str, str, str]]:
+    """Every record of the job: ``(name, kind, value as JSON text)``."""
+    return [(r[0], r[1], r[2]) for r in conn.execute(Q.step_records, _params(fence))]
+
+
+def record(conn: psycopg.Connection[Any], fence: Fence, name: str, kind: str,
+           value: str) -> None:
+    conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+
+
+def sleep(conn: psycopg.Connection[Any], fence: Fence, name: str, seconds: float | None,
+          until: datetime | None) -> tuple[datetime, bool]:
+    row = conn.execute(Q.step_sleep, _params(fence, name=name, seconds=seconds,
+                                             until=until)).fetchone()
+    assert row is not None
+    return row[0], bool(row[1])
+
+
+async def records_async(conn: psycopg.AsyncConnection[Any], fence: Fence
+                        ) -> list[tuple[str, str, str]]:
+    cur = await conn.execute(Q.step_records, _params(fence))
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+async def record_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                       kind: str, value: str) -> None:
+    await conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+
+
+async def sleep_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                      seconds: float | None, until: datetime | None) -> tuple[datetime, bool]:
+    cur = await conn.execute(Q.step_sleep, _params(fence, name=name, seconds=seconds,
+                                                   until=until))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0], bool(row[1])
+
+
+# ---- operators ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    name: str
+    kind: str
+    value: str
+    bytes: int
+    attempt: int
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    records: int
+    bytes: int
+    last: list[dict[str, Any]]
+    """The last few records, oldest first: name, kind, bytes, at."""
+
+
+def step_list(conn: psycopg.Connection[Any], job_id: int, limit: int = 100_000) -> list[StepRow]:
+    return all_rows(conn, StepRow, Q.step_list, {"job_id": job_id, "limit": limit})
+
+
+def step_summary(conn: psycopg.Connection[Any], job_id: int, last: int = 5) -> StepSummary:
+    row = one_row(conn, StepSummary, Q.step_summary, {"job_id": job_id, "last": last})
+    assert row is not None
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """What a suspended (``available``) job waits for, ``sleep:<step>``, and until when."""
+
+    suspended_for: str
+    until: datetime
+
+
+def suspension(conn: psycopg.Connection[Any], job_id: int) -> Suspension | None:
+    """The job's suspension while it is ``available`` and suspended; None otherwise."""
+    return one_row(conn, Suspension, Q.step_suspension, {"job_id": job_id})
+
+
+def clear(conn: psycopg.Connection[Any], job_id: int) -> int:
+    row = conn.execute(Q.step_clear, {"job_id": job_id}).fetchone()
+    return int(row[0]) if row is not None else 0

@@ -1,0 +1,53 @@
+-- Handler steps (issue 34): the statements a run's child sends on its handler's connection
+-- (the functions are in live/steps.sql: fenced on the run id, SECURITY DEFINER), and the
+-- operators' reads. Loaded by atlantis/store/queries.py.
+
+-- name: step_records
+SELECT name, kind, value FROM atlantis.step_records(%(job_id)s, %(run_id)s)
+
+-- name: step_record
+-- In a transaction step, the last statement before COMMIT.
+SELECT atlantis.record_step(%(job_id)s, %(run_id)s, %(name)s, %(kind)s, %(value)s::jsonb,
+                            %(attempt)s)
+
+-- name: step_sleep
+SELECT wake, due FROM atlantis.step_sleep(%(job_id)s, %(run_id)s, %(name)s,
+                                         %(seconds)s::float8, %(until)s::timestamptz,
+                                         %(attempt)s)
+
+-- name: step_clear
+SELECT atlantis.clear_steps(%(job_id)s)
+
+-- name: queue_asleep
+-- The metrics' jobs asleep (durable sleeps) per served queue, by jobs_suspended_idx.
+SELECT queue, count(*) FROM atlantis.jobs
+ WHERE state = 'available' AND suspended_for IS NOT NULL AND queue = ANY(%(queues)s::text[])
+ GROUP BY queue
+
+-- name: step_list
+-- A job's records, oldest first (`tide job steps`, the console).
+SELECT name, kind, value::text AS value, bytes, attempt, recorded_at
+  FROM atlantis.job_steps
+ WHERE job_id = %(job_id)s
+ ORDER BY recorded_at, name
+ LIMIT %(limit)s
+
+-- name: step_summary
+-- How many records a job has, their bytes, and the last few (`tide job status`).
+SELECT count(*) AS records, coalesce(sum(bytes), 0)::bigint AS bytes,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('name', l.name, 'kind', l.kind,
+                                                     'bytes', l.bytes, 'at', l.recorded_at)
+                                  ORDER BY l.recorded_at, l.name)
+                   FROM (SELECT s.name, s.kind, s.bytes, s.recorded_at FROM atlantis.job_steps s
+                          WHERE s.job_id = %(job_id)s
+                          ORDER BY s.recorded_at DESC, s.name DESC LIMIT %(last)s) l),
+                '[]'::jsonb) AS last
+  FROM atlantis.job_steps
+ WHERE job_id = %(job_id)s
+
+-- name: step_suspension
+-- What a suspended job waits for (its suspended_for: `sleep:<step>`) and until when (its
+-- run_at), while it is `available`; no row otherwise (`tide job status`, the console).
+SELECT suspended_for, run_at AS until
+  FROM atlantis.jobs
+ WHERE id = %(job_id)s AND state = 'available' AND suspended_for IS NOT NULL
