@@ -1,21 +1,31 @@
 """What ``tide`` and the console both show of the store's rows: one home for both.
 
 The documents of ``tide ... --json`` and of the console's API (a job with its rate and ETA,
-a supervisor with its memory, a log line), the rate and ETA themselves, and how values JSON
-cannot carry are written. Pure functions of rows read by :mod:`atlantis.store.admin` and
-:mod:`atlantis.store.fleet`; the estimate is :mod:`atlantis.progress`'s.
+its handler steps and what it sleeps for, a supervisor with its memory, a log line, a handler
+step's record), the rate and ETA themselves, and how values JSON cannot carry are written.
+Pure functions of rows read by :mod:`atlantis.store.admin`, :mod:`atlantis.store.fleet` and
+:mod:`atlantis.store.steps` (:func:`read_handler_steps` reads a job's for both); the estimate
+is :mod:`atlantis.progress`'s.
 """
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import orjson
+import psycopg
+
 from atlantis import progress
+from atlantis.store import steps
 from atlantis.store.admin import JobRow, LogLine
 from atlantis.store.fleet import WorkerRow
 from atlantis.store.typed_rows import as_dict
+
+#: How many of a job's latest handler step records its status shows (``tide job steps``
+#: lists them all).
+LAST_STEPS = 5
 
 
 def json_default(value: Any) -> Any:
@@ -66,3 +76,58 @@ def log_document(line: LogLine, *, job_id: int | None = None) -> dict[str, Any]:
     doc.update(run=line.run, attempt=line.attempt, at=line.at, stream=line.stream,
                line=line.line)
     return doc
+
+
+def handler_steps_document(summary: steps.StepSummary,
+                           asleep: steps.Suspension | None) -> dict[str, Any]:
+    """A job's handler steps, the fields ``tide job status --json`` and the console's job
+    add: ``handler_steps`` (``{"records", "bytes", "last": [{"name", "kind", "bytes",
+    "at"}]}``, the last few records oldest first), ``suspended_for`` (what an ``available``
+    job that suspended itself waits for: ``sleep:<step>``; null otherwise) and
+    ``suspended_until`` (when it runs again: its ``run_at``; null unless suspended)."""
+    last = [{"name": r.get("name"), "kind": r.get("kind"), "bytes": r.get("bytes"),
+             "at": _instant(r.get("at"))} for r in summary.last if isinstance(r, dict)]
+    return {"handler_steps": {"records": summary.records, "bytes": summary.bytes,
+                              "last": last},
+            "suspended_for": asleep.suspended_for if asleep is not None else None,
+            "suspended_until": asleep.until if asleep is not None else None}
+
+
+def read_handler_steps(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
+    """:func:`handler_steps_document` of job ``job_id``, read (two short statements)."""
+    return handler_steps_document(steps.step_summary(conn, job_id, LAST_STEPS),
+                                  steps.suspension(conn, job_id))
+
+
+def step_document(row: steps.StepRow) -> dict[str, Any]:
+    """One handler step record (``tide job steps --json``): ``name``, ``kind`` (``step``,
+    ``transaction`` or ``sleep``), ``recorded_at``, ``attempt``, ``bytes`` and ``value``,
+    the recorded JSON value whole (a sleep's is ``{"until": wake time}``)."""
+    return {"name": row.name, "kind": row.kind, "recorded_at": row.recorded_at,
+            "attempt": row.attempt, "bytes": row.bytes, "value": orjson.loads(row.value)}
+
+
+def sleep_step(suspended_for: str | None) -> str | None:
+    """The handler step a job sleeps in (``suspended_for`` ``sleep:<step>``), else None."""
+    if suspended_for is None or not suspended_for.startswith("sleep:"):
+        return None
+    return suspended_for[len("sleep:"):]
+
+
+def suspension_text(suspended_for: str) -> tuple[str, str]:
+    """What a suspended job waits for, as a person reads it: ``("asleep", "in handler step
+    nap")`` for ``sleep:nap``; ``("suspended", "for <what>")`` for anything else."""
+    step = sleep_step(suspended_for)
+    if step is not None:
+        return "asleep", f"in handler step {step}"
+    return "suspended", f"for {suspended_for}"
+
+
+def _instant(value: Any) -> Any:
+    """A time the database wrote into JSON, as a datetime (left as it is if it is not one)."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).astimezone(UTC)
+        except ValueError:
+            return value
+    return value

@@ -49,7 +49,8 @@ intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
 
 #: Classes atlantis makes and hands to handlers, never built by users: their constructor's
 #: parameters (internal fields included) are not shown; the reference lists their fields.
-_NO_CONSTRUCTOR = frozenset({"atlantis.JobContext", "atlantis.Compensating"})
+_NO_CONSTRUCTOR = frozenset({"atlantis.JobContext", "atlantis.AsyncJobContext",
+                             "atlantis.Compensating"})
 
 
 def _hide_constructor(app: Any, what: str, name: str, obj: Any, options: Any,

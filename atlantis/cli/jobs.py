@@ -38,8 +38,13 @@ from atlantis.errors import (
     UniqueKeyTakenError,
     WorkflowStateError,
 )
-from atlantis.presentation import job_document, log_document
-from atlantis.store import admin, fleet
+from atlantis.presentation import (
+    job_document,
+    log_document,
+    read_handler_steps,
+    step_document,
+)
+from atlantis.store import admin, fleet, steps
 from atlantis.store.typed_rows import as_dict
 from atlantis.units import format_duration
 
@@ -54,22 +59,26 @@ def job() -> None:
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON document: every column, plus rate, eta_seconds, stalled, attempts, "
-                   "held.")
+                   "held, handler_steps (records, bytes, the last few), suspended_for and "
+                   "suspended_until.")
 @click.pass_context
 def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """State, attempts, progress with rate and ETA, lease, timings and last error of a job,
-    and what limit holds it when one does."""
+    what limit holds it when one does, its handler steps (how many records, their size, the
+    last few) and, while it is asleep, which handler step it sleeps in and until when."""
     with connection(ctx) as conn:
         row = job_or_fail(conn, job_id)
         attempts = admin.job_attempts(conn, job_id)
         held = _held(conn, row)
+        handler_steps = read_handler_steps(conn, job_id)
     if as_json:
         doc = job_document(row)
         doc["attempts"] = [as_dict(a) for a in attempts]
         doc["held"] = held
+        doc.update(handler_steps)
         print_json(doc)
     else:
-        click.echo(render.status_text(row, attempts, held=held))
+        click.echo(render.status_text(row, attempts, held=held, steps=handler_steps))
 
 
 def _held(conn: psycopg.Connection[Any], row: admin.JobRow) -> str | None:
@@ -90,7 +99,8 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
         while True:
             row = job_or_fail(conn, job_id)
             text = render.status_text(row, admin.job_attempts(conn, job_id),
-                                      held=_held(conn, row))
+                                      held=_held(conn, row),
+                                      steps=read_handler_steps(conn, job_id))
             if tty and previous:
                 click.echo(f"\x1b[{previous}F\x1b[J", nl=False)
             click.echo(text)
@@ -98,6 +108,32 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
             if row.finished:
                 return
             time.sleep(pause)
+
+
+@job.command("steps")
+@click.argument("job_id", type=JOB_ID)
+@click.option("--json", "as_json", is_flag=True,
+              help="A JSON array of the records, each {name, kind, recorded_at, attempt, "
+                   "bytes, value} with its value whole.")
+@click.pass_context
+def job_steps(ctx: click.Context, job_id: int, as_json: bool) -> None:
+    """A job's handler step records, oldest first.
+
+    What its handler's ctx.run_step, ctx.transaction and ctx.sleep recorded: a later run
+    of the job gets a step's record back instead of running the step again (tide job retry
+    --fresh drops them). One row each: name, kind (step, transaction or sleep), when it was
+    recorded, by which attempt, its size, and its value, cut to a line (--json has it whole;
+    a sleep's is the time it wakes at).
+    """
+    with connection(ctx) as conn:
+        row = job_or_fail(conn, job_id)
+        records = steps.step_list(conn, job_id)
+    if as_json:
+        print_json([step_document(r) for r in records])
+    elif not records:
+        click.echo(f"tide: job {job_id} has no handler step records", err=True)
+    else:
+        tables.step_table(records, row.db_now)
 
 
 @job.command("list")

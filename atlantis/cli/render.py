@@ -16,13 +16,16 @@ import orjson
 
 from atlantis.cli.escape import safe
 from atlantis.limits import clamp_pct
-from atlantis.presentation import job_estimate
+from atlantis.presentation import job_estimate, suspension_text
 from atlantis.store.admin import AttemptRow, JobRow, parse_worker
-from atlantis.units import format_duration
+from atlantis.units import format_duration, format_size
 
 BAR_WIDTH = 30
 #: A job's result is shown cut to this many characters of its JSON (``--json`` has it whole).
 RESULT_CHARS = 400
+#: Attempt outcomes that spend no attempt: a snooze, a release (drained), a suspend (a
+#: handler's durable sleep); shown without colour.
+UNSPENT = ("snooze", "release", "suspend")
 #: The colour of each state, on a terminal.
 STATE_STYLES = {"available": "cyan", "running": "blue", "complete": "green", "dead": "red",
                 "cancelled": "yellow"}
@@ -99,9 +102,10 @@ def holder_text(worker: str | None) -> str:
 
 
 def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
-                held: str | None = None) -> str:
+                held: str | None = None, steps: dict[str, Any] | None = None) -> str:
     """``tide job status``: what a person asks of a job, one fact a line; ``held``: what
-    limit holds it (``atlantis.limit_hold``), shown under its state."""
+    limit holds it (``atlantis.limit_hold``), shown under its state; ``steps``: its handler
+    steps and what it sleeps for (``presentation.read_handler_steps``)."""
     now = job.db_now
     lines = [f"job {job.id}  {safe(job.job)}  queue {safe(job.queue)}"]
 
@@ -116,6 +120,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     add("state", f"{state}  {run}attempt {job.attempt}/{job.max_attempts}{flags}")
     if held:
         add("held", click.style(safe(held), fg="yellow"))
+    if steps is not None and steps.get("suspended_for") and job.state == "available":
+        add(*suspension_line(steps["suspended_for"], steps["suspended_until"], now))
     if job.workflow_id is not None:
         role = "compensation of step" if job.compensation else "step"
         add("workflow", f"{job.workflow_id}  {role} {safe(job.step or '?')}  "
@@ -133,17 +139,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
             eta += f" (about {_stamp(now + timedelta(seconds=guess.eta_seconds))})"
         add("rate", f"{rate_text(guess.rate)}  ETA {eta}" if job.running else rate_text(guess.rate))
     if job.running:
-        add("holder", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")
-        if job.claimed_until is not None:
-            left = (job.claimed_until - now).total_seconds()
-            expiry = f"expires {relative(job.claimed_until, now)}" if left > 0 else click.style(
-                f"expired {relative(job.claimed_until, now)}", fg="red")
-            add("lease", f"{expiry}, renewed {relative(job.last_renewal, now)}")
-        quiet = since(job.last_checkpoint, now)
-        what = "since the claim (no checkpoint yet)" if job.progress_at is None or (
-            job.started_at is not None and job.progress_at < job.started_at) else "ago"
-        note = f"{quiet} {what}; stalled after {short_duration(job.stall_after)}"
-        add("checkpoint", click.style(note, fg="red") if job.stalled else note)
+        for label, text in _lease_lines(job):
+            add(label, text)
     elif job.claimed_by:
         add("worker", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")
     if job.cancel_requested_at is not None and not job.finished:
@@ -167,6 +164,9 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
         add("retried", f"by {safe(job.retried_by or '?')} {relative(job.retried_at, now)}")
     add("limits", f"timeout {format_duration(job.timeout)}, heartbeat "
                   f"{format_duration(job.heartbeat)}, stall {format_duration(job.stall_after)}")
+    if steps is not None:
+        for i, line in enumerate(step_lines(job.id, steps["handler_steps"], now)):
+            add("steps" if i == 0 else "", line)
     timeline = attempt_lines(job, attempts)
     for i, line in enumerate(timeline):
         add("attempts" if i == 0 else "", line)
@@ -176,6 +176,52 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     if job.error_count:
         add("failures", f"{job.error_count} in all (the last {len(job.errors)} kept in errors)")
     return "\n".join(lines)
+
+
+def _lease_lines(job: JobRow) -> list[tuple[str, str]]:
+    """A running job's holder, lease and last checkpoint: (label, text) lines."""
+    now = job.db_now
+    out = [("holder", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")]
+    if job.claimed_until is not None:
+        left = (job.claimed_until - now).total_seconds()
+        expiry = f"expires {relative(job.claimed_until, now)}" if left > 0 else click.style(
+            f"expired {relative(job.claimed_until, now)}", fg="red")
+        out.append(("lease", f"{expiry}, renewed {relative(job.last_renewal, now)}"))
+    quiet = since(job.last_checkpoint, now)
+    what = "since the claim (no checkpoint yet)" if job.progress_at is None or (
+        job.started_at is not None and job.progress_at < job.started_at) else "ago"
+    note = f"{quiet} {what}; stalled after {short_duration(job.stall_after)}"
+    out.append(("checkpoint", click.style(note, fg="red") if job.stalled else note))
+    return out
+
+
+def suspension_line(suspended_for: str, until: datetime | None,
+                    now: datetime) -> tuple[str, str]:
+    """The label and text of what a suspended job waits for: ``asleep`` in handler step
+    ``nap`` until its wake time."""
+    when = f" until {_stamp(until)} ({relative(until, now)})" if until is not None else ""
+    label, what = suspension_text(suspended_for)
+    return label, f"{safe(what)}{when}"
+
+
+def step_lines(job_id: int, summary: dict[str, Any], now: datetime) -> list[str]:
+    """A job's handler steps: how many records and their size, then the last few (name,
+    kind, age, size), oldest first; nothing for a job that has none."""
+    count, last = summary["records"], summary["last"]
+    if not count:
+        return []
+    records = "1 record" if count == 1 else f"{count} records"
+    more = (f"; the last {len(last)} below, tide job steps {job_id} lists them all"
+            if count > len(last) else f"; tide job steps {job_id} shows their values")
+    out = [f"{records}, {format_size(summary['bytes'])}{more}"]
+    names = max((len(safe(r["name"])) for r in last), default=0)
+    kinds = max((len(safe(r["kind"])) for r in last), default=0)
+    for r in last:
+        at = r["at"]
+        age = relative(at, now) if isinstance(at, datetime) else safe(str(at))
+        out.append(f"{safe(r['name']):<{names}}  {safe(r['kind']):<{kinds}}  {age}  "
+                   f"{format_size(int(r['bytes']))}")
+    return out
 
 
 def result_text(value: Any, limit: int = RESULT_CHARS) -> str:
@@ -202,8 +248,7 @@ def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:
         ran = "-"
         if a.started_at is not None:
             ran = short_duration((a.finished_at - a.started_at).total_seconds())
-        outcome = safe(a.outcome + (f" ({a.error_kind})" if a.error_kind
-                                    and a.error_kind != a.outcome else ""))
+        outcome = safe(outcome_text(a.outcome, a.error_kind))
         where = safe(a.host) if a.host else holder_text(a.worker)
         if a.pid is not None:
             where += f" pid {a.pid}"
@@ -221,6 +266,15 @@ def attempt_lines(job: JobRow, attempts: Sequence[AttemptRow]) -> list[str]:
     return out
 
 
+def outcome_text(outcome: str, error_kind: str | None) -> str:
+    """An ended attempt's outcome as the timeline says it: ``failed (timeout)``; a
+    suspend (a durable sleep) says that it spent no attempt, as the next one's number
+    shows."""
+    if outcome == "suspend":
+        return "suspend (no attempt spent)"
+    return outcome + (f" ({error_kind})" if error_kind and error_kind != outcome else "")
+
+
 def _fg(state: str) -> str | None:
     return STATE_STYLES.get(state)
 
@@ -228,6 +282,6 @@ def _fg(state: str) -> str | None:
 def _outcome_fg(outcome: str) -> str | None:
     if outcome == "complete":
         return "green"
-    if outcome in ("snooze", "release"):
+    if outcome in UNSPENT:
         return None
     return "red" if outcome != "cancelled" else "yellow"

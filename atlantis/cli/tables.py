@@ -1,4 +1,5 @@
-"""``tide``'s listings as tables: jobs, dead letters, queues, supervisors.
+"""``tide``'s listings as tables: jobs, dead letters, queues, supervisors, a job's handler
+steps.
 
 On a terminal, with colour and the free-text columns cut to fit its width; in a pipe,
 whole and plain (no colour, no width limit, no trailing spaces).
@@ -11,9 +12,10 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import click
+import orjson
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
@@ -24,9 +26,13 @@ from atlantis.cli.render import STATE_STYLES, progress_bar, relative, short_dura
 from atlantis.presentation import job_estimate
 from atlantis.store.admin import JobRow
 from atlantis.store.fleet import HELD_CAP, NO_LIMITS, QueueLimits, QueueStats, WorkerRow
+from atlantis.store.steps import StepRow
 from atlantis.units import format_size
 
 SMALL_BAR = 10
+#: A handler step's value is shown cut to this many characters of its JSON (``--json`` has
+#: it whole).
+STEP_VALUE_CHARS = 80
 STALLED_STYLE = "bold red"
 
 
@@ -204,3 +210,34 @@ def worker_table(workers: Sequence[WorkerRow]) -> None:
                      since(w.started_at, w.db_now), relative(w.seen_at, w.db_now),
                      ", ".join(jobs), w.id])
     print_table(columns, rows)
+
+
+def step_table(records: Sequence[StepRow], now: datetime) -> None:
+    """``tide job steps``: one row a record, oldest first; ``now`` is the database's clock
+    the ages are read against."""
+    columns = [Column("NAME"), Column("KIND"), Column("RECORDED"), Column("ATTEMPT", right=True),
+               Column("SIZE", right=True), Column("VALUE", flexible=True)]
+    rows: list[list[Cell]] = [
+        [r.name, r.kind, relative(r.recorded_at, now), str(r.attempt), format_size(r.bytes),
+         step_value(r, now)]
+        for r in records
+    ]
+    print_table(columns, rows)
+
+
+def step_value(record: StepRow, now: datetime) -> str:
+    """A record's value on one line: its JSON cut to :data:`STEP_VALUE_CHARS` characters;
+    a sleep's wake time, absolute and relative."""
+    if record.kind == "sleep":
+        try:
+            until = datetime.fromisoformat(orjson.loads(record.value)["until"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            until = None
+        if until is not None:
+            wake = "wakes" if until > now else "woke"
+            return (f"{wake} {relative(until, now)} "
+                    f"({until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC)")
+    text = record.value
+    if len(text) > STEP_VALUE_CHARS:
+        text = f"{text[:STEP_VALUE_CHARS]}... ({format_size(record.bytes)}; --json shows it whole)"
+    return text

@@ -38,7 +38,7 @@ from atlantis.console.common import require_read as require_read
 from atlantis.console.common import require_write as require_write
 from atlantis.console.common import settings_of as settings_of
 from atlantis.console.common import text_param as text_param
-from atlantis.console.data import dumps, job_doc, redact_held
+from atlantis.console.data import dumps, job_doc, job_page_doc, redact_held
 from atlantis.console.events import Broker
 from atlantis.presentation import log_document, worker_document
 from atlantis.store import admin, fleet
@@ -77,7 +77,7 @@ async def job(request: Request) -> Response:
         row = admin.get_job(conn, job_id)
         if row is None:
             return None
-        doc = job_doc(row, settings.redact, admin.job_attempts(conn, job_id))
+        doc = job_page_doc(conn, row, settings.redact, admin.job_attempts(conn, job_id))
         doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
         return doc
 
@@ -170,7 +170,7 @@ async def stream(request: Request) -> Response:
         tail = read_logs(conn, job_id, None, 0, 200)
         assert tail is not None
         after = tail["lines"][-1]["id"] if tail["lines"] else store.last_log_id(conn)
-        return job_doc(row, settings.redact), tail, after
+        return job_page_doc(conn, row, settings.redact), tail, after
 
     found = await db_of(request).run(read)
     if found is None:

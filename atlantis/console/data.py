@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from atlantis.console.settings import REDACTED
-from atlantis.presentation import job_document, json_default
+from atlantis.presentation import job_document, json_default, read_handler_steps
 from atlantis.store import admin
 from atlantis.store.typed_rows import as_dict
 from atlantis.store.workflows import Workflow
@@ -109,6 +109,16 @@ def job_doc(row: admin.JobRow, keys: frozenset[str],
     doc["holder"] = None if holder is None else {"host": holder[0], "pid": holder[1]}
     if attempts is not None:
         doc["attempts"] = [as_dict(a) for a in attempts]
+    return doc
+
+
+def job_page_doc(conn: Conn, row: admin.JobRow, keys: frozenset[str],
+                 attempts: list[admin.AttemptRow] | None = None) -> dict[str, Any]:
+    """One job's document as its page, ``GET /api/jobs/{id}`` and its stream carry it:
+    :func:`job_doc` and the job's handler steps (``handler_steps``, ``suspended_for``,
+    ``suspended_until``: ``tide job status --json``'s). Not in listings: a query more."""
+    doc = job_doc(row, keys, attempts)
+    doc.update(read_handler_steps(conn, row.id))
     return doc
 
 

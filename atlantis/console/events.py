@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from atlantis.console.data import Database, dumps, job_doc, workflow_doc
+from atlantis.console.data import Database, dumps, job_page_doc, workflow_doc
 from atlantis.presentation import log_document
 from atlantis.store import admin
 from atlantis.store import console_queries as store
@@ -275,7 +275,7 @@ class Broker:
         for job_id in ids:
             row = admin.get_job(conn, job_id)
             if row is not None:
-                found[job_id] = dumps(job_doc(row, self.redact))
+                found[job_id] = dumps(job_page_doc(conn, row, self.redact))
         return found
 
     async def _logs(self) -> None:

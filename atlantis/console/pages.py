@@ -22,12 +22,13 @@ from atlantis import environ
 from atlantis.console import api
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
-from atlantis.console.data import job_doc, redact_held, sparkline
+from atlantis.console.data import job_doc, job_page_doc, redact_held, sparkline
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
+from atlantis.presentation import suspension_text
 from atlantis.store import admin, fleet
 from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
-from atlantis.units import format_duration
+from atlantis.units import format_duration, format_size
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,14 +68,15 @@ def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
 
 
-env.filters.update(duration=_duration, ago=_ago, ts=_ts, pretty=_json)
+env.filters.update(duration=_duration, ago=_ago, ts=_ts, pretty=_json, size=format_size)
 def _approx(queue: dict[str, Any], state: str) -> str:
     """A queue's count of ``state``; an estimate (above fleet.COUNT_CAP) reads "≈12,345"."""
     count = int(queue[state])
     return f"≈{count:,}" if state in queue["approximate"] else str(count)
 
 
-env.globals.update(age=_age, sparkline=sparkline, approx=_approx)
+env.globals.update(age=_age, sparkline=sparkline, approx=_approx,
+                   suspension=suspension_text)
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -167,7 +169,7 @@ async def job(request: Request, who: Principal) -> Response:
             return None
         logs = api.read_logs(conn, job_id, None, 0, 200)
         assert logs is not None
-        doc = job_doc(row, settings.redact, admin.job_attempts(conn, job_id))
+        doc = job_page_doc(conn, row, settings.redact, admin.job_attempts(conn, job_id))
         doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
         return doc, logs
 

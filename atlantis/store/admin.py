@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -87,6 +88,12 @@ class JobRow:
     trace_context: dict[str, str] | None
     """The enqueuer's W3C trace context (``traceparent``, ``tracestate``) when it traced
     (migration 0019); None otherwise."""
+    run_id: UUID | None
+    """The run id of its latest claim, which the handler steps' writes are fenced on
+    (migration 0026); None before its first claim."""
+    suspended_for: str | None
+    """What it waits for (``sleep:<step>``) while ``available`` after a durable sleep; it
+    runs again at ``run_at`` (migration 0026)."""
     stall_after: float
     stalled: bool
     db_now: datetime

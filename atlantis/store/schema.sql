@@ -993,7 +993,9 @@ CREATE VIEW atlantis.job_rows AS
     compensation,
     result,
     limit_group,
-    trace_context
+    trace_context,
+    run_id,
+    suspended_for
    FROM atlantis.jobs j;
 
 --

@@ -107,10 +107,10 @@
       var el = document.getElementById(elId);
       if (el) el.textContent = value;
     }
-    function tick(elId, seconds, grow) {
+    function tick(elId, seconds, grow, past) {
       var el = document.getElementById(elId);
       if (!el) return;
-      ticking[elId] = seconds === null || seconds === undefined ? null : {at: Date.now(), s: seconds, grow: grow};
+      ticking[elId] = seconds === null || seconds === undefined || isNaN(seconds) ? null : {at: Date.now(), s: seconds, grow: grow, past: past || "expired "};
       render(elId);
     }
     function render(elId) {
@@ -118,9 +118,56 @@
       if (!el) return;
       if (!t) { el.textContent = "-"; return; }
       var s = t.s + (t.grow ? 1 : -1) * (Date.now() - t.at) / 1000;
-      el.textContent = t.grow ? duration(s) + " ago" : (s > 0 ? "in " + duration(s) : "expired " + duration(-s) + " ago");
+      el.textContent = t.grow ? duration(s) + " ago" : (s > 0 ? "in " + duration(s) : t.past + duration(-s) + " ago");
     }
     setInterval(function () { Object.keys(ticking).forEach(render); }, 1000);
+
+    function size(n) {
+      var units = [["TB", 1099511627776], ["GB", 1073741824], ["MB", 1048576], ["KB", 1024]];
+      for (var i = 0; i < units.length; i++) {
+        if (n >= units[i][1]) { var v = n / units[i][1]; return (v === Math.floor(v) ? v.toFixed(0) : v.toFixed(1)) + units[i][0]; }
+      }
+      return n + "B";
+    }
+    function stamp(iso) {
+      var d = new Date(iso);
+      return isNaN(d.getTime()) ? String(iso) : d.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+    }
+    // Handler steps (the count, their size, the last few) and what an asleep job waits for.
+    function applySteps(job) {
+      var hs = job.handler_steps;
+      var block = document.getElementById("steps-block");
+      if (block) block.hidden = !hs.records;
+      text("steps-count", hs.records);
+      text("steps-bytes", size(hs.bytes));
+      text("steps-more", hs.records > hs.last.length
+        ? "the last " + hs.last.length + " below; tide job steps " + job.id + " lists them all"
+        : "tide job steps " + job.id + " shows their values");
+      var body = document.getElementById("steps-last");
+      if (body) {
+        while (body.firstChild) body.removeChild(body.firstChild);
+        hs.last.forEach(function (st) {
+          var tr = document.createElement("tr");
+          [st.name, st.kind, stamp(st.at), size(st.bytes)].forEach(function (v, i) {
+            var td = document.createElement("td");
+            if (i === 2) td.className = "when";
+            td.textContent = v;
+            tr.appendChild(td);
+          });
+          body.appendChild(tr);
+        });
+      }
+      var asleep = document.getElementById("asleep");
+      if (!asleep) return;
+      var waits = job.suspended_for;
+      asleep.hidden = !waits || job.state !== "available";
+      if (!waits) { tick("asleep-in", null, false); return; }
+      var sleep = waits.indexOf("sleep:") === 0;
+      text("asleep-label", sleep ? "asleep" : "suspended");
+      text("asleep-text", sleep ? "in handler step " + waits.slice(6) : "for " + waits);
+      text("asleep-until", stamp(job.suspended_until));
+      tick("asleep-in", (Date.parse(job.suspended_until) - Date.parse(job.now)) / 1000, false, "due ");
+    }
 
     function applyJob(job) {
       if (paused) { pending.push(["job", job]); return; }
@@ -166,6 +213,7 @@
       document.querySelectorAll("form.act[data-states]").forEach(function (f) {
         f.hidden = f.getAttribute("data-states").split(" ").indexOf(job.state) < 0;
       });
+      if (job.handler_steps !== undefined) applySteps(job);
     }
 
     function applyLog(lines) {

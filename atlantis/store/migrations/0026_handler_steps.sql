@@ -60,3 +60,19 @@ RETURNS TABLE (wake timestamptz, due boolean)
 LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$;
 CREATE FUNCTION atlantis.clear_steps(job_id bigint) RETURNS bigint
 LANGUAGE sql AS $$ SELECT 0::bigint $$;
+
+-- atlantis.job_rows shows the two new columns (appended: a release one behind reads its own
+-- by name). The query is the live one's (live/views.sql).
+CREATE OR REPLACE VIEW atlantis.job_rows AS
+SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.priority, j.run_at,
+       extract(epoch FROM j.timeout)::float8 AS timeout,
+       extract(epoch FROM j.heartbeat)::float8 AS heartbeat,
+       j.claimed_by, j.claimed_until, j.progress_pct, j.progress_msg, j.progress_at,
+       j.last_error, j.errors, j.error_count, j.created_at, j.started_at, j.finished_at,
+       extract(epoch FROM j.backoff)::float8 AS backoff, j.unique_key, j.cancel_requested_at,
+       j.cancelled_by, j.retried_by, j.retried_at, j.progress_history,
+       extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
+       atlantis.stalled(j) AS stalled, now() AS db_now, j.run,
+       j.workflow_id, j.step, j.compensation, j.result, j.limit_group, j.trace_context,
+       j.run_id, j.suspended_for
+  FROM atlantis.jobs j;
