@@ -40,6 +40,8 @@ MAX_STEP_BYTES = 64 * 1024 * 1024
 MAX_STEP_NAME = 200
 
 _MISSING: Any = object()
+#: The ctx method that records each kind of step.
+_METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep"}
 
 
 def check_name(name: object) -> str:
@@ -117,8 +119,8 @@ class _Rules:
         if hit is None:
             return _MISSING
         if hit[0] != kind:
-            raise StepError(f"handler step {name!r} was recorded as a {hit[0]} step and is "
-                            f"now run as a {kind} step: give the new step a new name")
+            raise StepError(f"handler step {name!r} was recorded by ctx.{_METHODS[hit[0]]} and "
+                            f"is now run by ctx.{_METHODS[kind]}: give the new step a new name")
         return orjson.loads(hit[1])
 
     def loaded(self, rows: list[tuple[str, str, str]]) -> None:
