@@ -303,3 +303,32 @@ def test_retention_prunes_the_records_with_their_job(ddb: psycopg.Connection[Any
     assert ddb.execute("SELECT count(*) FROM atlantis.jobs WHERE id = %s",
                        (job_id,)).fetchone() == (0,)
     assert _records(ddb, job_id) == []
+
+
+def test_a_client_stalled_after_the_fence_does_not_hold_the_row(
+        ddb: psycopg.Connection[Any], db_url: str) -> None:
+    """The fence's row lock lasts until COMMIT: a step's client that stops between them
+    (stopped, cut off) has its session ended by the server, so the supervisor's renewals of
+    that row wait seconds at most."""
+    job_id = _steps_job(ddb, "stall")
+    run_id = ddb.execute(
+        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
+        "claimed_until = now() + interval '1 hour', started_at = now(), "
+        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
+    ddb.commit()
+    assert run_id is not None
+    stalled = psycopg.connect(db_url)
+    pid = stalled.info.backend_pid
+    stalled.execute("SELECT atlantis.step_fence(%s, %s)", (job_id, run_id[0]))  # then stops
+
+    def ended() -> bool:
+        row = ddb.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                          (pid,)).fetchone()
+        ddb.commit()
+        return row == (0,)
+
+    wait_for(ended, message="the server to end the stalled session")
+    ddb.execute("SET lock_timeout = '5s'")
+    ddb.execute("UPDATE atlantis.jobs SET claimed_until = now() WHERE id = %s", (job_id,))
+    ddb.commit()
+    stalled.close()

@@ -16,6 +16,10 @@ AS $$
 DECLARE
     j record;
 BEGIN
+    -- The row lock is held until COMMIT: a client that stalls before it (stopped, cut off)
+    -- must not hold the supervisor's renewals up for long. The server ends such a session
+    -- after 2 s idle in this transaction (rolled back: the next run reads no record).
+    PERFORM set_config('idle_in_transaction_session_timeout', '2s', true);
     SELECT x.run_id, x.state, x.claimed_until INTO j
       FROM atlantis.jobs x WHERE x.id = step_fence.job_id FOR SHARE;
     IF NOT FOUND THEN
