@@ -19,6 +19,7 @@ run's own to the handler's database (``ctx.database_url``), opened at the first 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -149,6 +150,13 @@ class _Rules:
                             "no database URL (ctx.database_url)")
         return self.url
 
+    def lost(self, name: str) -> LeaseLost:
+        """The run no longer holds the job: it must stop (remembered as its stop)."""
+        stop = LeaseLost(f"handler step {name!r}: this run of job {self.fence.job_id} no "
+                         "longer holds its lease; nothing it did in the step was committed")
+        self.stop = stop
+        return stop
+
     def fail(self, exc: BaseException, name: str) -> BaseException:
         """The exception a database error of step ``name`` becomes (and is remembered as
         the run's stop when the run must end)."""
@@ -156,10 +164,7 @@ class _Rules:
         from atlantis.store import steps as store
 
         if state == store.LEASE_LOST:
-            self.stop = LeaseLost(f"handler step {name!r}: this run of job "
-                                  f"{self.fence.job_id} no longer holds its lease; "
-                                  "nothing it did in the step was committed")
-            return self.stop
+            return self.lost(name)
         if state == store.NO_SUCH_JOB or state in ("42883", "3F000", "42P01"):
             return StepError(
                 f"handler steps need the handler's database to be the jobs' database: "
@@ -195,6 +200,7 @@ class StepBook(_Rules):
 
             try:
                 self._conn = psycopg.connect(self.need_url(), **store.CONNECT_OPTIONS)
+                store.prepare_if_direct(self._conn)
                 self.loaded(store.records(self._conn, self.fence))
             except psycopg.Error as exc:
                 raise self.fail(exc, name) from exc
@@ -218,9 +224,11 @@ class StepBook(_Rules):
         from atlantis.store import steps as store
 
         try:
-            store.record(conn, self.fence, name, kind, text)
+            recorded = store.record(conn, self.fence, name, kind, text)
         except psycopg.Error as exc:
             raise self.fail(exc, name) from exc
+        if not recorded:
+            raise self.lost(name)
         self.wrote(name, kind, text)
 
     def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -241,9 +249,11 @@ class StepBook(_Rules):
                 from atlantis.store import steps as store
 
                 try:
-                    store.record(conn, self.fence, key, "transaction", text)
+                    recorded = store.record(conn, self.fence, key, "transaction", text)
                 except psycopg.Error as exc:
                     raise self.fail(exc, key) from exc
+                if not recorded:  # rolled back: the run no longer holds the job
+                    raise self.lost(key)
                 committing = True
         except psycopg.OperationalError as exc:
             if committing:
@@ -293,6 +303,7 @@ class AsyncStepBook(_Rules):
             try:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self.need_url(), **store.CONNECT_OPTIONS)
+                await store.prepare_if_direct_async(self._conn)
                 self.loaded(await store.records_async(self._conn, self.fence))
             except psycopg.Error as exc:
                 raise self.fail(exc, name) from exc
@@ -306,7 +317,7 @@ class AsyncStepBook(_Rules):
         if value is not _MISSING:
             return value
         got = fn(*args, **kwargs)
-        if _awaitable(got):
+        if inspect.isawaitable(got):
             got = await got
         text = encode(key, got)
         self.room(key, text)
@@ -320,9 +331,11 @@ class AsyncStepBook(_Rules):
         from atlantis.store import steps as store
 
         try:
-            await store.record_async(conn, self.fence, name, kind, text)
+            recorded = await store.record_async(conn, self.fence, name, kind, text)
         except psycopg.Error as exc:
             raise self.fail(exc, name) from exc
+        if not recorded:
+            raise self.lost(name)
         self.wrote(name, kind, text)
 
     async def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -341,14 +354,17 @@ class AsyncStepBook(_Rules):
         try:
             async with conn.transaction():
                 got = fn(conn, *args, **kwargs)
-                if _awaitable(got):
+                if inspect.isawaitable(got):
                     got = await got
                 text = encode(key, got)
                 self.room(key, text)
                 try:
-                    await store.record_async(conn, self.fence, key, "transaction", text)
+                    recorded = await store.record_async(conn, self.fence, key, "transaction",
+                                                        text)
                 except psycopg.Error as exc:
                     raise self.fail(exc, key) from exc
+                if not recorded:  # rolled back: the run no longer holds the job
+                    raise self.lost(key)
                 committing = True
         except psycopg.OperationalError as exc:
             if committing:
@@ -380,9 +396,3 @@ class AsyncStepBook(_Rules):
             except Exception:
                 pass
             self._conn = None
-
-
-def _awaitable(value: object) -> bool:
-    import inspect
-
-    return inspect.isawaitable(value)

@@ -17,6 +17,12 @@ and records ``bad-context`` when something is wrong.
 is declared in :data:`registry`, which the supervisors of the first two slots serve, and
 left out of :data:`unlimited`, which the others serve (chaos/cluster.py).
 
+``chaos.Durable`` (issue 34) runs handler steps: each plain step's body records
+``body:<step>`` in the history before it returns, each transaction step writes one row of
+``chaos_step_effects`` in its transaction, and a durable sleep ends a run (``suspend``); its
+executions are named by the claim's run id, which ``atlantis.job_steps`` records too
+(chaos/durable.py checks them).
+
 While PostgreSQL restarts, a write is retried until it goes through: the handler blocks
 meanwhile, as a real one would, and its lease watchdog decides whether it may go on.
 """
@@ -29,6 +35,7 @@ import secrets
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -56,6 +63,14 @@ CREATE TABLE IF NOT EXISTS chaos_effects (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX IF NOT EXISTS chaos_effects_key ON chaos_effects (key);
+CREATE TABLE IF NOT EXISTS chaos_step_effects (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    step text NOT NULL,
+    run text NOT NULL,
+    attempt int NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 """
 
 _EVENT = ("INSERT INTO chaos_history (job_id, attempt, run, pid, event) "
@@ -98,11 +113,11 @@ def _write(url: str, query: Any, params: dict[str, Any]) -> None:
 class Execution:
     """One run of one attempt of a job, as the history records it."""
 
-    def __init__(self, ctx: atlantis.JobContext) -> None:
+    def __init__(self, ctx: atlantis.JobContext, run: str | None = None) -> None:
         assert ctx.database_url is not None
         self.url = ctx.database_url
         self.params: dict[str, Any] = {"job": ctx.job_id, "attempt": ctx.attempt,
-                                       "run": secrets.token_hex(8), "pid": os.getpid()}
+                                       "run": run or secrets.token_hex(8), "pid": os.getpid()}
         self.key = ctx.idempotency_key
 
     def record(self, event: str) -> None:
@@ -197,6 +212,61 @@ def limited(ctx: atlantis.JobContext, args: Any) -> None:
 def doomed(ctx: atlantis.JobContext, args: Any) -> None:
     """Fails every attempt: the job must end ``dead`` after exactly its retries."""
     _work(ctx, args.ticks, args.tick_ms, fail=True)
+
+
+DURABLE = "chaos.Durable"
+# One effect row per transaction step, written in the step's transaction (on its ``conn``).
+# No unique constraint: a transaction step committed twice would leave two rows.
+_STEP_EFFECT = ("INSERT INTO chaos_step_effects (job_id, step, run, attempt) "
+                "VALUES (%(job)s, %(step)s, %(run)s, %(attempt)s)")
+
+
+def run_id(ctx: atlantis.JobContext) -> str | None:
+    """The run id of this claim, which the step records carry (None outside a run)."""
+    fence = getattr(ctx.steps, "fence", None)
+    return None if fence is None else str(uuid.UUID(str(fence.run_id)))
+
+
+@registry.handler(DURABLE)
+def durable(ctx: atlantis.JobContext, args: Any) -> None:
+    """``rounds`` rounds of a plain step ``step-<r>`` (its body records ``body:step-<r>``,
+    then works ``tick_ms``) and a transaction step ``pay-<r>`` (its row of
+    ``chaos_step_effects``, then ``tick_ms`` more inside the transaction); after round
+    ``nap_after`` a durable sleep ``nap`` of ``nap_ms`` (``woke`` once past it). A value
+    other than the one its body returned is recorded as ``bad-value``."""
+    execution = Execution(ctx, run=run_id(ctx))
+    execution.record("start")
+
+    def body(name: str) -> dict[str, str]:
+        execution.record(f"body:{name}")  # durable before the step's record is written
+        time.sleep(args.tick_ms / 1000)
+        return {"ran": name}
+
+    def pay(conn: psycopg.Connection[Any], name: str) -> dict[str, str]:
+        conn.execute(_STEP_EFFECT, {**execution.params, "step": name})
+        time.sleep(args.tick_ms / 1000)
+        return {"paid": name}
+
+    try:
+        for r in range(args.rounds):
+            if ctx.cancelled:
+                execution.record("cancelled")
+                return
+            values = (ctx.run_step(f"step-{r}", body, f"step-{r}"),
+                      ctx.transaction(f"pay-{r}", pay, f"pay-{r}"))
+            if values != ({"ran": f"step-{r}"}, {"paid": f"pay-{r}"}):
+                execution.record("bad-value")
+            if r == 0 and args.fail == "first" and ctx.attempt == 1:
+                execution.record("fail")
+                raise RuntimeError(f"job {ctx.job_id} fails after its first round, as planned")
+            if r == args.nap_after:
+                ctx.sleep("nap", args.nap_ms / 1000)
+                execution.record("woke")
+    except atlantis.Suspended:
+        execution.record("suspend")
+        raise
+    execution.effect()
+    execution.record("end")
 
 
 PREDECESSORS: dict[str, frozenset[str]] = {

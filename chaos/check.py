@@ -48,6 +48,10 @@ An execution lies within its row's time in ``running`` (it starts after the clai
 child whose lease is lost kills itself before the row may be rescued), so its interval,
 from its ``start`` to its last event, can only be shorter than the row's: an execution cut
 short ends at its last recorded event, and a violation seen there is a true one.
+
+And for durable handlers (issue 34, ``chaos.Durable``): every transaction step's effect
+exactly once, no step body run again after its record, each durable job finished with its
+steps recorded and its sleep kept (:mod:`chaos.durable`).
 """
 
 from __future__ import annotations
@@ -57,11 +61,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from chaos import durable
+
 FINAL = ("complete", "dead", "cancelled")
 WORKFLOW_STATES = ("complete", "failed", "cancelled", "compensation_failed")
 """The states a workflow ends in; ``running`` and ``compensating`` must not be left."""
-ENDINGS = ("end", "fail", "cancelled")
-"""The last event of an execution whose handler returned or raised (chaos/app.py)."""
+ENDINGS = ("end", "fail", "cancelled", "suspend")
+"""The last event of an execution whose handler returned or raised, or whose run ended at a
+durable sleep (chaos/app.py)."""
 EXAMPLES = 5
 
 
@@ -166,6 +173,8 @@ class History:
     """``concurrency N by account`` of ``chaos.Limited``."""
     in_all: int = 3
     """Its ``concurrency N``."""
+    durable: durable.DurableHistory = field(default_factory=durable.DurableHistory)
+    """``chaos.Durable``'s plans, step records and transaction steps' effects."""
 
 
 @dataclass(frozen=True)
@@ -502,7 +511,7 @@ def check(h: History) -> list[Result]:
     return [check_final(h), check_dead(h), check_cancelled(h), check_stuck(h),
             check_overlap(h), check_effects(h), check_orphans(h), check_supervisors(h),
             check_workflows_finished(h), check_workflow_states(h), check_step_effects(h),
-            check_compensated(h), check_contexts(h), check_limits(h)]
+            check_compensated(h), check_contexts(h), check_limits(h), *durable.checks(h)]
 
 
 def table(faults: list[tuple[str, int, str]], results: list[Result]) -> str:

@@ -221,12 +221,15 @@ class Faults:
         self._later(hold, proxy.thaw)
 
     def _cancel(self) -> None:
-        # Long running jobs first: the cancel then reaches a handler mid-run.
+        # Long running jobs first: the cancel then reaches a handler mid-run (a durable job
+        # is long when its bodies are, and is cancelled asleep like any job waiting).
         # A workflow's rows are cancelled with their workflow (_cancel_workflow).
         rows = self.cluster.query(
             "SELECT id FROM atlantis.jobs WHERE state IN ('running', 'available') "
             "AND workflow_id IS NULL "
-            "ORDER BY state = 'running' AND (args->>'ticks')::int >= 10 DESC, random() LIMIT 1")
+            "ORDER BY state = 'running' AND CASE WHEN job = 'chaos.Durable' "
+            "  THEN (args->>'tick_ms')::int >= 300 ELSE (args->>'ticks')::int >= 10 END DESC, "
+            "  random() LIMIT 1")
         if not rows:
             return
         job_id = int(rows[0][0])

@@ -6,8 +6,8 @@ restarts at will; each supervisor reaches it through a TCP proxy of its own
 ``--minutes`` of faults (:mod:`chaos.faults`) the driver undoes whatever fault is still in
 force, stops enqueueing, waits for every job to finish, looks for processes that outlived
 their supervisor, stops the supervisors and checks the recorded history
-(:mod:`chaos.check`). All along, a thread samples the running rows of the limited job
-(:class:`Sampler`). Exit 0 when every check holds, 1 otherwise.
+(:mod:`chaos.check`, :mod:`chaos.durable`). All along, a thread samples the running rows of
+the limited job (:class:`Sampler`). Exit 0 when every check holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 
 import atlantis
-from chaos import check
-from chaos.app import LIMITED, registry
+from chaos import check, durable
+from chaos.app import DURABLE, LIMITED, registry
 from chaos.cluster import Cluster
 from chaos.faults import Faults, say
 from chaos.server import OwnServer
@@ -45,6 +45,8 @@ CRUNCHING = 1
 """... and about this many ``chaos.Crunch`` waiting or running: C calls of about 1.5-4 s each
 (on a quiet machine of two cores) that hold the GIL, so that a fault finds an attempt whose
 lease only the keeper can end (one at a time: each holds a core, its grandchild another)."""
+DURABLES = 6
+"""... and about this many ``chaos.Durable`` waiting, running or asleep (issue 34)."""
 ACCOUNTS = {"a0": 4, "a1": 2, "a2": 1, "a3": 1}
 """Account -> relative weight."""
 PER_ACCOUNT = next(lim.n for lim in registry.decls[LIMITED].limits if lim.by == ("account",))
@@ -95,11 +97,15 @@ class Producer:
     """Keeps about BACKLOG jobs waiting: mostly short ones, some long (they span faults and
     outlive leases), some failing their first attempt, some failing every attempt; and
     about WORKFLOWS workflows going, some doomed to fail at a step or to time out, some
-    with compensations failing their first attempt."""
+    with compensations failing their first attempt; and about DURABLES durable jobs, whose
+    arguments come from a random stream of their own (``durable_rng``), so that a seed
+    draws the rest of the mix as it did before them."""
 
-    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+    def __init__(self, cluster: Cluster, rng: random.Random,
+                 durable_rng: random.Random | None = None) -> None:
         self.cluster = cluster
         self.rng = rng
+        self.durable_rng = durable_rng or random.Random(rng.random())
         self.enqueued = 0
         self.started = 0
         self._next = 0.0
@@ -112,16 +118,18 @@ class Producer:
             return
         self._next = now + 0.5
         rows = self.cluster.query(
-            "SELECT count(*) FILTER (WHERE job <> 'chaos.Limited' AND state = 'available'), "
+            "SELECT count(*) FILTER (WHERE job NOT IN ('chaos.Limited', 'chaos.Durable') "
+            "                          AND state = 'available'), "
             "       count(*) FILTER (WHERE job = 'chaos.Limited' AND state = 'available'), "
             "       (SELECT count(*) FROM atlantis.workflow_instances "
             "         WHERE state IN ('running', 'compensating')), "
-            "       count(*) FILTER (WHERE job = 'chaos.Crunch') "
+            "       count(*) FILTER (WHERE job = 'chaos.Crunch'), "
+            "       count(*) FILTER (WHERE job = 'chaos.Durable') "
             "  FROM atlantis.jobs WHERE state = 'available' "
-            "    OR (job = 'chaos.Crunch' AND state IN ('available', 'running'))")
+            "    OR (job IN ('chaos.Crunch', 'chaos.Durable') AND state = 'running')")
         if rows is None:
             return
-        waiting, held, going, crunching = rows[0]
+        waiting, held, going, crunching, durables = rows[0]
         flows = [self.workflow_args() for _ in range(min(4, max(0, WORKFLOWS - going)))]
         work: list[dict[str, Any]] = []
         doomed: list[dict[str, Any]] = []
@@ -140,8 +148,10 @@ class Producer:
         crunch = [{"calls": rng.randint(1, 2), "digits": rng.randint(2000, 5000),
                    "grandchild": rng.random() < 0.5}
                   for _ in range(max(0, CRUNCHING - crunching))]
+        durables_args = [durable.args(self.durable_rng)
+                         for _ in range(max(0, DURABLES - durables))]
         conn = self.cluster.conn()
-        if conn is None or not (work or doomed or flows or limited or crunch):
+        if conn is None or not (work or doomed or flows or limited or crunch or durables_args):
             return
         try:
             with conn.transaction():
@@ -153,6 +163,8 @@ class Producer:
                     self.enqueued += len(atlantis.enqueue_many(conn, "chaos.Doomed", doomed))
                 if crunch:
                     self.enqueued += len(atlantis.enqueue_many(conn, CRUNCH, crunch))
+                if durables_args:
+                    self.enqueued += len(atlantis.enqueue_many(conn, DURABLE, durables_args))
                 for args in flows:
                     atlantis.start_workflow(conn, WORKFLOW, args)
             self.started += len(flows)
@@ -295,12 +307,13 @@ def read_history(cluster: Cluster, faults: Faults,
         limited = {int(r[0]): str(r[1]) for r in conn.execute(
             "SELECT id, args->>'account' FROM atlantis.jobs WHERE job = %s", (LIMITED,)
         ).fetchall()}
+        durable_history = durable.read(conn)
     return check.History(jobs, events, effects, set(faults.cancelled),
                          set(faults.cancel_accepted), workflows=workflows, steps=steps,
                          keyed=keyed, workflow_cancelled=set(faults.workflow_cancelled),
                          workflow_cancel_running=set(faults.workflow_cancel_running),
                          limited=limited, samples=samples, per_account=PER_ACCOUNT,
-                         in_all=IN_ALL)
+                         in_all=IN_ALL, durable=durable_history)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.prepare(opts.supervisors)
         sampler.start()
-        producer = Producer(cluster, rng)
+        producer = Producer(cluster, rng, random.Random(f"durable {opts.seed}"))
         inject_faults(opts, faults, producer, rng)
         say("faults stop; undoing those in force and waiting for every job to finish")
         faults.calm()
@@ -340,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(history.jobs)} jobs ({in_flows} of them steps and compensations of "
               f"{len(history.workflows)} workflows, {len(history.limited)} {LIMITED} under "
               f"concurrency {PER_ACCOUNT} by account and {IN_ALL} in all, "
-              f"{len(history.samples)} samples of its running rows), "
+              f"{len(history.samples)} samples of its running rows, "
+              f"{len(history.durable.plans)} {DURABLE}), "
               f"{len(history.events)} events recorded, "
               f"{faults.notes['tide_failed']} tide commands failed (database down), "
               f"{time.monotonic() - started:.0f}s in all; seed {opts.seed}")

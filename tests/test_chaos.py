@@ -22,6 +22,7 @@ from chaos.check import (
     SupervisorFate,
     WorkflowRow,
 )
+from chaos.durable import DurableHistory, Plan, StepEffect, StepRecord
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -288,6 +289,93 @@ def test_a_limit_exceeded_is_reported_with_its_key_time_and_count() -> None:
     assert "account a0: 3 rows running at 2026-01-01T00:00:01.000000+00:00 (limit 2)" in (
         result.examples)
     assert any(x.startswith("4 rows running in all") for x in result.examples)
+
+
+EFFECTS = "each transaction step's effect exactly once"
+BODIES = "no step body ran again after its record"
+DURABLE = "each durable job finished, its steps recorded, its sleep kept"
+
+
+def durable_history(**kw: object) -> History:
+    """chaos.Durable job 41 (two rounds, the sleep after the first): run r1 runs step-0 and
+    pay-0 and sleeps until 1.5; run r2, at 2.0, wakes and runs step-1 and pay-1."""
+    ev = [("r1", "start", 0.0), ("r1", "body:step-0", 0.1), ("r1", "suspend", 0.4),
+          ("r2", "start", 2.0), ("r2", "woke", 2.1), ("r2", "body:step-1", 2.2),
+          ("r2", "end", 2.5)]
+    records = [StepRecord(41, "step-0", "step", "r1", 1, at(0.2)),
+               StepRecord(41, "pay-0", "transaction", "r1", 1, at(0.3)),
+               StepRecord(41, "nap", "sleep", "r1", 1, at(0.35), wake=at(1.5)),
+               StepRecord(41, "step-1", "step", "r2", 1, at(2.3)),
+               StepRecord(41, "pay-1", "transaction", "r2", 1, at(2.4))]
+    base: dict[str, object] = {
+        "jobs": [JobRow(41, "chaos.Durable", "complete", 1, 13, False)],
+        "events": [Event(41, 1, run, 100, name, at(t)) for run, name, t in ev],
+        "effects": {41: 1}, "cancelled": set(),
+        "supervisors": [SupervisorFate("s0", killed=False, alive_at_end=True, stop_code=0)],
+        "durable": DurableHistory({41: Plan(2, 0)}, records,
+                                  [StepEffect(41, "pay-0", "r1"), StepEffect(41, "pay-1", "r2")]),
+    }
+    base.update(kw)
+    return History(**base)  # type: ignore[arg-type]
+
+
+def with_durable(**kw: object) -> DurableHistory:
+    d = durable_history().durable
+    return DurableHistory(**{"plans": d.plans, "records": d.records, "effects": d.effects,
+                             **kw})  # type: ignore[arg-type]
+
+
+def test_a_clean_durable_history_passes() -> None:
+    h = durable_history()
+    assert failed(h) == set()
+    # A body run again before its record (its run ended first) is the at-least-once asked.
+    h.events = [Event(41, 1, "r0", 99, "start", at(-1.1)),
+                Event(41, 1, "r0", 99, "body:step-0", at(-1.0)), *h.events]
+    assert failed(h) == set()
+    assert "1 ran again before their record" in next(
+        r.detail for r in check.check(h) if r.name == BODIES)
+
+
+def test_a_transaction_step_effect_missing_doubled_or_unrecorded_fails() -> None:
+    effects = durable_history().durable.effects
+    assert EFFECTS in failed(durable_history(durable=with_durable(effects=effects[:1])))
+    doubled = [*effects, StepEffect(41, "pay-1", "r2")]
+    assert EFFECTS in failed(durable_history(durable=with_durable(effects=doubled)))
+    # Committed by another run than the one that recorded it.
+    other = [effects[0], StepEffect(41, "pay-1", "r1")]
+    assert EFFECTS in failed(durable_history(durable=with_durable(effects=other)))
+    # An effect without its record, and a complete job without a transaction step's record.
+    records = [r for r in durable_history().durable.records if r.name != "pay-1"]
+    assert EFFECTS in failed(durable_history(durable=with_durable(records=records)))
+    assert EFFECTS in failed(durable_history(durable=with_durable(
+        records=records, effects=effects[:1])))
+
+
+def test_a_step_body_run_after_its_record_fails() -> None:
+    late = [*durable_history().events, Event(41, 1, "r2", 100, "body:step-0", at(2.15))]
+    result = {r.name: r for r in check.check(durable_history(events=late))}[BODIES]
+    assert not result.ok and "after its record" in result.examples[0]
+    # A record written by a run whose body never ran.
+    records = [StepRecord(41, "step-0", "step", "r2", 1, at(0.2)),
+               *durable_history().durable.records[1:]]
+    assert BODIES in failed(durable_history(durable=with_durable(records=records)))
+
+
+def test_a_durable_job_unfinished_or_awake_too_early_fails() -> None:
+    early = [e if e.event != "woke" else Event(41, 1, "r2", 100, "woke", at(1.4))
+             for e in durable_history().events]
+    assert DURABLE in failed(durable_history(events=early))
+    records = [r for r in durable_history().durable.records if r.name != "step-1"]
+    assert DURABLE in failed(durable_history(durable=with_durable(records=records)))
+    for row in (JobRow(41, "chaos.Durable", "dead", 2, 13, False),
+                JobRow(41, "chaos.Durable", "cancelled", 1, 13, False),
+                JobRow(41, "chaos.Durable", "available", 1, 13, False)):
+        assert DURABLE in failed(durable_history(jobs=[row], effects={}))
+    assert DURABLE not in failed(durable_history(
+        jobs=[JobRow(41, "chaos.Durable", "cancelled", 1, 13, False)], effects={},
+        cancelled={41}))
+    bad = [*durable_history().events, Event(41, 1, "r2", 100, "bad-value", at(2.35))]
+    assert DURABLE in failed(durable_history(events=bad))
 
 
 @pytest.mark.timeout(420)

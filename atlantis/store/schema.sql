@@ -512,7 +512,7 @@ CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(qu
 --
 
 CREATE FUNCTION atlantis.record_step(job_id bigint, run_id uuid, name text, kind text, value jsonb, attempt integer) RETURNS timestamp with time zone
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 

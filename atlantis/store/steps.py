@@ -24,9 +24,33 @@ LEASE_LOST = "ATL20"
 NO_SUCH_JOB = "ATL21"
 
 #: Open options of a handler's step connection: autocommit (a plain step's record is its
-#: own transaction: one commit), nothing prepared (PgBouncer in transaction mode).
+#: own transaction: one commit), nothing prepared until :func:`prepare_if_direct` found it
+#: goes straight to PostgreSQL (PgBouncer in transaction mode has no prepared statements).
 CONNECT_OPTIONS: dict[str, Any] = {"autocommit": True, "prepare_threshold": None,
                                    "application_name": "atlantis handler steps"}
+#: Executions of a statement before psycopg prepares it (its default), on a direct connection:
+#: a transaction step's own statements (a page's upserts) are then planned once.
+PREPARE_THRESHOLD = 5
+
+
+def _direct(backend_pid: int | None, conn_pid: int) -> bool:
+    # A pooler hands its client a pid of its own: the server process behind it changes.
+    return backend_pid is not None and backend_pid == conn_pid
+
+
+def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
+    """Let ``conn`` prepare what it runs often, unless it goes through a pooler (one round
+    trip, once a connection; as the supervisor's connections do)."""
+    row = conn.execute(Q.backend_pid, prepare=False).fetchone()
+    if _direct(row[0] if row else None, conn.info.backend_pid):
+        conn.prepare_threshold = PREPARE_THRESHOLD
+
+
+async def prepare_if_direct_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`prepare_if_direct` for an async connection."""
+    row = await (await conn.execute(Q.backend_pid, prepare=False)).fetchone()
+    if _direct(row[0] if row else None, conn.info.backend_pid):
+        conn.prepare_threshold = PREPARE_THRESHOLD
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +75,11 @@ def records(conn: psycopg.Connection[Any], fence: Fence) -> list[tuple[str, str,
 
 
 def record(conn: psycopg.Connection[Any], fence: Fence, name: str, kind: str,
-           value: str) -> None:
-    conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+           value: str) -> bool:
+    """Record a step; False when the run no longer holds the job (nothing recorded)."""
+    row = conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value)
+                       ).fetchone()
+    return row is not None and row[0] is not None
 
 
 def sleep(conn: psycopg.Connection[Any], fence: Fence, name: str, seconds: float | None,
@@ -70,8 +97,11 @@ async def records_async(conn: psycopg.AsyncConnection[Any], fence: Fence
 
 
 async def record_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
-                       kind: str, value: str) -> None:
-    await conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+                       kind: str, value: str) -> bool:
+    """:func:`record` on an async connection."""
+    cur = await conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+    row = await cur.fetchone()
+    return row is not None and row[0] is not None
 
 
 async def sleep_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
