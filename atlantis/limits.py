@@ -59,3 +59,9 @@ def clamp_pct(pct: float | None) -> int:
     if pct is None or math.isnan(pct):
         return 0
     return round(min(max(pct, 0.0), 100.0))
+
+#: Handler steps (atlantis/steps.py): the most records one job may hold, their bytes in all
+#: (each at most MAX_RESULT_BYTES, as a result), and the longest step name.
+MAX_STEP_RECORDS = 100_000
+MAX_STEP_BYTES = 64 * 1024 * 1024
+MAX_STEP_NAME = 200

@@ -1,20 +1,12 @@
 """Handler steps: what ``ctx.run_step``, ``ctx.transaction`` and ``ctx.sleep`` keep across a
-job's runs (issue 34). The rules live here once; :class:`StepBook` and
-:class:`AsyncStepBook` only do their I/O (``atlantis.store.steps``), on a connection of the
-run's own to the handler's database (``ctx.database_url``), opened at the first step.
+job's runs (issue 34). The rules live here once; :class:`StepBook` and :class:`AsyncStepBook`
+do their I/O (``atlantis.store.steps``) on the run's own connection to ``ctx.database_url``.
 
-- The records are read once, at the first step of a run; a step found there returns its
-  recorded value without running. Each new record is durable before its step returns (a
-  plain step: one commit on an autocommit connection; a transaction step: in the handler's
-  transaction, fenced, as its last statement before COMMIT).
-- Steps are found by name; a name used twice in one run is refused (:class:`StepError`).
-- A value is recorded as a job's result is stored (JSON, at most 64 KiB, nested at most 64
-  levels, no NUL), and NaN or an infinity is refused rather than changed: the value a step
-  returns is the recorded one (decoded), on the run that records it as on every later one.
-- A run that lost its lease stops (:class:`LeaseLost`); a COMMIT whose outcome is unknown
-  fails the attempt (the next run reads the record, or runs the step again). Either, and a
-  suspension, is remembered (``stop``): a handler that catches it and goes on still ends
-  the way it said (the child reads ``stop``).
+Records are read once, at a run's first step; a recorded step returns its value without
+running, a new record is durable before its step returns. Steps are found by name, used once
+a run, never nested. Values follow a job result's rules (NaN refused); a step returns the
+recorded value, decoded. A lost lease (:class:`LeaseLost`), an unknown COMMIT or a suspension
+is remembered (``stop``): a handler that catches it and goes on still fails.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from atlantis.errors import LeaseLost, StepError, Suspended
+from atlantis.limits import MAX_STEP_BYTES, MAX_STEP_NAME, MAX_STEP_RECORDS
 from atlantis.protocol import results
 
 if TYPE_CHECKING:
@@ -35,14 +28,8 @@ if TYPE_CHECKING:
 
     from atlantis.store.steps import Fence
 
-#: The most records one job may hold, and their bytes in all (each at most 64 KiB).
-MAX_STEP_RECORDS = 100_000
-MAX_STEP_BYTES = 64 * 1024 * 1024
-MAX_STEP_NAME = 200
-
 _MISSING: Any = object()
-#: The ctx method that records each kind of step.
-_METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep"}
+_METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep"}  # by kind
 
 
 def check_name(name: object) -> str:
@@ -102,12 +89,16 @@ class _Rules:
         self.stop: BaseException | None = None
         """Why the run must end (a suspension, a lost lease, an unknown COMMIT): the child
         fails the attempt with it if the handler caught it and went on."""
+        self.inside: str | None = None  # the transaction step whose ``fn`` runs now
 
     def begin(self, name: object) -> str:
         if self.stop is not None:
             raise StepError(f"handler step {str(name)[:60]!r}: this run has ended "
                             f"({self.stop}); no step may run after that")
         checked = check_name(name)
+        if self.inside is not None:
+            raise StepError(f"handler step {checked!r} inside transaction step "
+                            f"{self.inside!r}: steps do not nest; run it before or after")
         if checked in self.used:
             raise StepError(f"handler step {checked!r} was already used in this run: name "
                             "each step once (a loop names its steps: f\"page-{n}\")")
@@ -244,7 +235,12 @@ class StepBook(_Rules):
         text = ""
         try:
             with conn.transaction():
-                text = encode(key, fn(conn, *args, **kwargs))
+                self.inside = key
+                try:
+                    got = fn(conn, *args, **kwargs)
+                finally:
+                    self.inside = None
+                text = encode(key, got)
                 self.room(key, text)
                 from atlantis.store import steps as store
 
@@ -353,9 +349,13 @@ class AsyncStepBook(_Rules):
         text = ""
         try:
             async with conn.transaction():
-                got = fn(conn, *args, **kwargs)
-                if inspect.isawaitable(got):
-                    got = await got
+                self.inside = key
+                try:
+                    got = fn(conn, *args, **kwargs)
+                    if inspect.isawaitable(got):
+                        got = await got
+                finally:
+                    self.inside = None
                 text = encode(key, got)
                 self.room(key, text)
                 try:

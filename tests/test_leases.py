@@ -50,7 +50,7 @@ def _finish(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: in
 
 
 def _touch(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int) -> list[tuple[Any, ...]]:
-    return conn.execute(Q.renew, {"ids": [job_id], "runs": [1], "attempts": [attempt],
+    return conn.execute(Q.renew, {"ids": [job_id], "runs": [1], "attempts": [attempt], "run_ids": [None],
                                   "has_progress": [True],
                                   "pcts": [50.0], "msgs": ["late"], "worker": worker}).fetchall()
 
@@ -654,7 +654,7 @@ def test_a_batch_of_a_thousand_results_is_written_and_announced_in_notifies_that
         listener.execute("LISTEN atlantis_progress")
         # Checkpoints of 700 running attempts in one renewal: a sample each, announced.
         renewed = db.execute(Q.renew, {
-            "ids": ids[:700], "runs": [1] * 700, "attempts": [1] * 700, "has_progress": [True] * 700,
+            "ids": ids[:700], "runs": [1] * 700, "attempts": [1] * 700, "run_ids": [None] * 700, "has_progress": [True] * 700,
             "pcts": [10.0] * 700, "msgs": ["working"] * 700, "worker": "big"}).fetchall()
         assert len(renewed) == 700
         sampled = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
@@ -711,7 +711,7 @@ def test_results_and_renewals_use_the_key_even_with_statistics_from_before_the_c
     assert "Index Scan using jobs_pkey" in cur and "loops=200" in cur, finish
     assert "jobs_state_queue_idx" not in finish and "jobs_lease_idx" not in finish, finish
     touch = _explain(db, Q.renew, {
-        "ids": ids[:200], "runs": [1] * 200, "attempts": [1] * 200, "has_progress": [False] * 200,
+        "ids": ids[:200], "runs": [1] * 200, "attempts": [1] * 200, "run_ids": [None] * 200, "has_progress": [False] * 200,
         "pcts": [None] * 200, "msgs": [None] * 200, "worker": "stats"})
     # (A seq scan of this small table is the planner's honest choice: it knows its size.)
     assert "jobs_state_queue_idx" not in touch and "jobs_lease_idx" not in touch, touch

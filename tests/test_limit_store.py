@@ -71,11 +71,11 @@ def enqueue(db: psycopg.Connection[Any], job: str, accounts: list[str], **kw: An
 def claim_limited(db: psycopg.Connection[Any], n: int, *, jobs: list[str] | None = None,
                   queues: tuple[str, ...] = ("lim",), worker: str = "w1"
                   ) -> tuple[list[int], float | None]:
-    found = db.execute(Q.claim_limited, {"queues": list(queues), "jobs": jobs or ["t.Lim"],
-                                         "worker": worker, "limit": n, "after": None}
-                       ).fetchall()
-    assert found[-1][0] is None  # the hint row
-    return [r[0] for r in found[:-1]], found[-1][-2]
+    found = db.cursor(row_factory=psycopg.rows.dict_row).execute(
+        Q.claim_limited, {"queues": list(queues), "jobs": jobs or ["t.Lim"], "worker": worker,
+                          "limit": n, "after": None}).fetchall()
+    assert found[-1]["id"] is None  # the hint row
+    return [r["id"] for r in found[:-1]], found[-1]["wake_in"]
 
 
 def old_claim(db: psycopg.Connection[Any], n: int, jobs: list[str] | None = None) -> list[int]:
@@ -198,11 +198,11 @@ def test_groups_rotate_across_claims(db: psycopg.Connection[Any]) -> None:
     after = None
     order: list[str] = []
     for _ in range(30):
-        found = db.execute(Q.claim_limited, {"queues": ["lim"], "jobs": ["t.Lim"],
-                                             "worker": "w1", "limit": 1, "after": after}
-                           ).fetchall()
-        order += [account(db, r[0]) for r in found[:-1]]
-        after = found[-1][-1]
+        found = db.cursor(row_factory=psycopg.rows.dict_row).execute(
+            Q.claim_limited, {"queues": ["lim"], "jobs": ["t.Lim"], "worker": "w1", "limit": 1,
+                              "after": after}).fetchall()
+        order += [account(db, r["id"]) for r in found[:-1]]
+        after = found[-1]["cursor"]  # read by name, as the claimer does
     assert sorted(order) == [f"a{k:02}" for k in range(30)]
 
 

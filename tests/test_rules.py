@@ -183,7 +183,7 @@ def test_a_long_checkpoint_message_is_cut_alike_by_python_and_sql(
     found = db.execute("SELECT atlantis.progress_text(%s)", (message,)).fetchone()
     assert found == (capped,)
     renewed = _running(db, "m-renewed", 1, 3)
-    db.execute(Q.renew, {"ids": [renewed], "runs": [1], "attempts": [1], "has_progress": [True],
+    db.execute(Q.renew, {"ids": [renewed], "runs": [1], "attempts": [1], "run_ids": [None], "has_progress": [True],
                          "pcts": [50.0], "msgs": [message], "worker": WORKER})
     assert job_row(db, renewed)["progress_msg"] == capped
     finished = _running(db, "m-finished", 1, 3)

@@ -273,3 +273,38 @@ def test_a_cancelled_row_given_back_unrun_names_who_cancelled(db: psycopg.Connec
     assert (row["state"], row["attempt"], row["last_error"]) == ("cancelled", 0, "cancelled by carol")
     (entry,) = row["errors"]
     assert (entry["run"], entry["kind"], entry["by"]) == (1, "cancelled", "carol")
+
+
+def test_a_resumed_claim_is_told_apart_by_its_run_id(db: psycopg.Connection[Any]) -> None:
+    """A resume spends no attempt: one supervisor's claim, a suspend, and its next claim of
+    the row have the same id, run, attempt and claimed_by. The first claim's late renewal
+    and result match nothing (its run id is not the row's); the second's own do."""
+    worker = "host-a:4242:0badc0de"
+    job_id = atlantis.enqueue(db, "tests.Echo", {"key": "resume"})
+
+    def claim() -> dict[str, Any]:
+        (row,) = db.cursor(row_factory=psycopg.rows.dict_row).execute(Q.claim, {"limited": [],
+            "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker}).fetchall()
+        return row
+
+    first = claim()
+    asleep = Result(job_id, 1, "available", False, 0.0, None, None, "suspend", run=1,
+                    run_id=first["run_id"], wake="2000-01-01T00:00:00+00:00", waits="sleep:nap")
+    assert db.execute(Q.finish, finish_params(worker, [asleep])).fetchall() == [
+        (job_id, "available")]
+    second = claim()
+    assert (second["run"], second["attempt"]) == (first["run"], first["attempt"]) == (1, 1)
+    assert second["run_id"] != first["run_id"]
+    late = Renewal(job_id, 1, None, run=1, run_id=first["run_id"])
+    assert db.execute(Q.renew, renew_params(worker, [late])).fetchall() == []
+    stale = Result(job_id, 1, "complete", True, 0.0, None, None, "complete", run=1,
+                   run_id=first["run_id"])
+    assert db.execute(Q.finish, finish_params(worker, [stale])).fetchall() == []
+    assert job_row(db, job_id)["state"] == "running"
+    own = Renewal(job_id, 1, None, run=1, run_id=second["run_id"])
+    assert db.execute(Q.renew, renew_params(worker, [own])).fetchall() == [(job_id, False)]
+    done = Result(job_id, 1, "complete", True, 0.0, None, None, "complete", run=1,
+                  run_id=second["run_id"])
+    assert db.execute(Q.finish, finish_params(worker, [done])).fetchall() == [(job_id, "complete")]
+    assert db.execute("SELECT outcome FROM atlantis.attempts WHERE job_id = %s ORDER BY id",
+                      (job_id,)).fetchall() == [("suspend",), ("complete",)]

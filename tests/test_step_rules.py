@@ -11,9 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from atlantis.errors import StepError
+from atlantis.limits import MAX_STEP_BYTES, MAX_STEP_RECORDS
 from atlantis.steps import (
-    MAX_STEP_BYTES,
-    MAX_STEP_RECORDS,
     _Rules,
     check_name,
     encode,
@@ -116,3 +115,11 @@ def test_a_recorded_name_run_as_another_kind_is_refused() -> None:
     rules.loaded([("nap", "sleep", '{"until": "2030-01-01T00:00:00+00:00"}')])
     error = _refused(rules.recorded, "nap", "step")
     assert "'nap' was recorded by ctx.sleep and is now run by ctx.run_step" in str(error)
+
+
+def test_no_step_runs_inside_a_transaction_step() -> None:
+    rules = _rules(0, 0)
+    rules.inside = "page-1"
+    error = _refused(rules.begin, "nested")
+    assert "handler step 'nested' inside transaction step 'page-1': steps do not nest" in str(
+        error)

@@ -1,7 +1,9 @@
 -- Every statement atlantis runs at run time, by name. Loaded by atlantis/store/queries.py.
--- Writes made for an attempt after its claim are fenced on (id, run, attempt, claimed_by) and
--- on the row still running under a lease that has not expired. The run (migration 0013)
--- tells run 2's attempt 1 from run 1's after a retry, even when one supervisor claimed both.
+-- Writes made for an attempt after its claim are fenced on (id, run, attempt, claimed_by), on
+-- the claim's run id (migration 0026: a resume spends no attempt, so the others may repeat
+-- across two claims of a row; a caller that passes none is fenced on the rest) and on the row
+-- still running under a lease that has not expired. The run (migration 0013) tells run 2's
+-- attempt 1 from run 1's after a retry, even when one supervisor claimed both.
 
 -- name: enqueue_many
 -- The args go in binary (`%(args)b`): PostgreSQL then reads the array without parsing and
@@ -81,14 +83,15 @@ UPDATE atlantis.jobs j
                      'at', now(), 'pct', atlantis.clamp_pct(r.pct)))
            ELSE j.progress_history || jsonb_build_array(jsonb_build_object(
                 'at', now(), 'pct', atlantis.clamp_pct(r.pct))) END
-  FROM unnest(%(ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[],
+  FROM unnest(%(ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[], %(run_ids)s::uuid[],
               %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[])
-           AS r(id, run, attempt, has_progress, pct, msg)
+           AS r(id, run, attempt, run_id, has_progress, pct, msg)
  WHERE j.id = r.id
    -- One boolean test, not several conditions: no index serves it, so the planner never
    -- looks rows up through the state or the lease index (statistics from when nothing was
    -- running had it scan every running row for each renewal; see `finish`).
    AND (j.run = r.run AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
+        AND (r.run_id IS NULL OR j.run_id = r.run_id)
         AND j.state = 'running' AND j.claimed_until > now()) IS TRUE
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested,
           r.has_progress AND (j.progress_history->-1->>'at')::timestamptz = now() AS sampled
@@ -125,7 +128,8 @@ WITH r AS (
         AS r(id bigint, run int, attempt int, state text, spent bool, delay float8,
              backoff float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
-             log_lines int, log_dropped int, result jsonb, wake timestamptz, waits text)
+             log_lines int, log_dropped int, result jsonb, wake timestamptz, waits text,
+             run_id uuid)
 ), cur AS (
     SELECT r.*, j.started_at AS attempt_started,
            -- Cancelled, but not by this outcome's own cancelled error: append one.
@@ -151,6 +155,7 @@ WITH r AS (
                SELECT * FROM atlantis.jobs j
                 WHERE j.id = r.id
                   AND (j.run = r.run AND j.attempt = r.attempt AND j.claimed_by = %(worker)s
+                       AND (r.run_id IS NULL OR j.run_id = r.run_id)
                        AND j.state = 'running') IS TRUE
                   FOR UPDATE) j
 ), done AS (

@@ -95,6 +95,8 @@ class Renewal:
     attempt: int
     progress: Progress | None
     run: int = 1
+    run_id: UUID | None = None
+    """The claim's run id (``ClaimedRow.run_id``): the renewal is fenced on it too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,9 @@ class Result:
     workflow_id: int | None = None
     """The workflow of a step (or compensation): the finish statement locks it
     (:func:`finish_params` orders the batch by it)."""
+    run_id: UUID | None = None
+    """The claim's run id (``ClaimedRow.run_id``): the write is fenced on it too (a resume
+    spends no attempt, so run and attempt may repeat across two claims of a row)."""
     wake: str | None = None
     """A suspended run (``suspend``): when the row runs again (its run_at)."""
     waits: str | None = None
@@ -136,6 +141,7 @@ def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
         "ids": [r.job_id for r in batch],
         "runs": [r.run for r in batch],
         "attempts": [r.attempt for r in batch],
+        "run_ids": [r.run_id for r in batch],
         "has_progress": [r.progress is not None for r in batch],
         "pcts": [r.progress.pct if r.progress else None for r in batch],
         "msgs": [r.progress.msg if r.progress else None for r in batch],
@@ -166,6 +172,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
             "log_lines": r.log_lines, "log_dropped": r.log_dropped,
             "result": None if r.result is None else orjson.Fragment(r.result),
             "wake": r.wake, "waits": r.waits,
+            "run_id": None if r.run_id is None else str(r.run_id),
         } for r in batch]).decode(),
         "host": host,
         "pid": pid,

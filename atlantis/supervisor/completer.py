@@ -167,4 +167,5 @@ def sanitized(result: Result, why: str) -> Result:
         else 0.0
     return Result(result.job_id, result.attempt, state, result.spent, delay, plain, progress,
                   result.label[:40], result.child_pid, result.log_lines, result.log_dropped,
-                  result.run, backoff=backoff, workflow_id=result.workflow_id)
+                  result.run, backoff=backoff, workflow_id=result.workflow_id,
+                  run_id=result.run_id)

@@ -84,7 +84,7 @@ class Leases(Service):
         if budget <= 0:
             return
         renewals = [Renewal(a.job_id, a.attempt, a.checkpoint if a.checkpoint_dirty else None,
-                            a.run) for a in batch]
+                            a.run, a.row.run_id) for a in batch]
         for a in batch:
             a.checkpoint_dirty = False
         try:
@@ -94,7 +94,8 @@ class Leases(Service):
                 # A checkpoint the database refuses must not cost the leases: renew without.
                 log.error("checkpoints refused by the database (%s); renewing the leases "
                           "without them", exc)
-                renewals = [Renewal(r.job_id, r.attempt, None, r.run) for r in renewals]
+                renewals = [Renewal(r.job_id, r.attempt, None, r.run, r.run_id)
+                            for r in renewals]
                 budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - rt.now()
                 rows = await sql.renew(self.db, rt.worker_id, renewals, max(budget, 0.001))
         except (DatabaseUnavailable, StatementRejected):
