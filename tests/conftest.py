@@ -86,6 +86,8 @@ LONG_TAIL = (
     "tests/test_wheel_install.py::",
     "tests/test_docs.py::test_the_tutorial_runs_as_written",
     "tests/test_demo_database.py::",
+    "tests/test_demo_durable.py::test_the_durable_demo_resumes",
+    "tests/test_handler_steps.py::test_transaction_steps_write_exactly_once_under_repeated_kill_9",
     "tests/test_roles.py::test_a_reader_reads_with_tide_and_changes_nothing",
     "tests/test_leases.py::test_kill_9_supervisor_children_die_and_another_finishes",
     "tests/test_server_versions.py::test_doctor_explains_and_upgrade_home_moves",
