@@ -58,6 +58,28 @@ def test_snooze_delays_are_clamped(asked: float, given: float) -> None:
     assert (out.state, out.spent, out.delay) == ("available", False, given)
 
 
+def test_a_suspend_gives_the_attempt_back_until_its_wake_time_uncapped() -> None:
+    wake = "2999-01-01T00:00:00+00:00"  # past --max-snooze: a durable sleep is not a snooze
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="suspend", wake=wake,
+                                              waits="sleep:nap"))
+    assert (out.state, out.spent, out.label, out.wake, out.waits) == (
+        "available", False, "suspend", wake, "sleep:nap")
+
+
+@pytest.mark.parametrize("wake", [None, "", "tomorrow", "2030-01-01T00:00:00"])
+def test_a_suspend_without_a_zoned_wake_time_fails_its_attempt(wake: str | None) -> None:
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="suspend", wake=wake))
+    assert (out.state, out.spent) == ("available", True)  # a failure, retried
+    assert out.error is not None and out.error["kind"] == "steps"
+    assert out.wake is None
+
+
+def test_a_cancel_wins_over_a_suspend() -> None:
+    out = policy.decide(facts(), LIMITS, Done(job_id=1, outcome="suspend",
+                                              wake="2999-01-01T00:00:00+00:00"), cancelled=True)
+    assert out.state == "cancelled"
+
+
 def test_backoff_is_exponential_jittered_and_capped() -> None:
     assert policy.backoff(10, 1, cap=60, rand=0.0) == 7.5
     assert policy.backoff(10, 1, cap=60, rand=0.999) < 12.5

@@ -304,7 +304,7 @@ class Pool(Service):
             self.retire(child)
         else:
             child.state = "idle"
-        if msg.steps:
+        if msg.steps > 0:  # a count the child reports (a forged negative one is ignored)
             rt.metrics.steps_recorded(a.queue, msg.steps)
         verdict = policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
                                 cancelled=a.cancelling)
