@@ -117,6 +117,7 @@ def test_async_handler_steps_are_awaited_and_kept_across_attempts(
     assert _bodies(ddb, "async") == ["body-0", "body-1", "body-2"]
     assert _effects(ddb, "async") == [0]
     assert row["attempt"] == 2
+    assert _attempt_kinds(ddb, job_id) == ["suspend", "exception", "complete"]
 
 
 # ---- transaction steps --------------------------------------------------------------------

@@ -11,7 +11,8 @@ did in ``test_events`` (tests/apps/basic.py), so a test sees which bodies ran ag
 - ``durable.Misuse``: ``twice`` (one name used twice), ``swallow`` (catches the sleep's
   Suspended and returns), ``nan`` (a step value of NaN), ``bad-sleep`` (a negative sleep),
   ``lose`` (a transaction step whose run loses the lease before its COMMIT).
-- ``durable.AsyncSteps``: ``n`` awaited steps, async and sync bodies, and a transaction.
+- ``durable.AsyncSteps``: ``n`` awaited steps, async and sync bodies, a transaction and a
+  durable sleep; its first attempt fails after them.
 - ``durable.NapLimited``: a durable sleep in a job of ``concurrency 1``.
 """
 
@@ -132,6 +133,7 @@ async def async_steps(ctx: atlantis.AsyncJobContext, args: Any) -> int:
         return 1
 
     total += int(await ctx.transaction("write", write))
+    await ctx.sleep("nap", 0.1)  # suspends the first run: an awaited sleep
     if ctx.attempt == 1:
         raise RuntimeError("the first attempt fails after its steps")
     return total + runs(ctx, "never") * 0
