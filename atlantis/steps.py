@@ -26,7 +26,7 @@ from atlantis.protocol import results
 if TYPE_CHECKING:
     import psycopg
 
-    from atlantis.store.steps import Fence
+    from atlantis.store.steps import Fence, Opened
 
 _MISSING: Any = object()
 _METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep"}  # by kind
@@ -115,10 +115,12 @@ class _Rules:
                             f"is now run by ctx.{_METHODS[kind]}: give the new step a new name")
         return orjson.loads(hit[1])
 
-    def loaded(self, rows: list[tuple[str, str, str]]) -> None:
-        self.found = {name: (kind, value) for name, kind, value in rows}
-        self.count = len(rows)
-        self.bytes = sum(len(value) for _, _, value in rows)
+    def loaded(self, opened: Opened, step: str) -> None:
+        if opened.held != "ok":
+            raise self.lost(step) if opened.held == "lost" else self.not_here()
+        self.found = {name: (kind, value) for name, kind, value in opened.rows}
+        self.count = len(opened.rows)
+        self.bytes = sum(len(value) for _, _, value in opened.rows)
 
     def room(self, name: str, text: str) -> None:
         if self.count + 1 > MAX_STEP_RECORDS:
@@ -131,9 +133,7 @@ class _Rules:
     def wrote(self, name: str, kind: str, text: str) -> None:
         assert self.found is not None
         self.found[name] = (kind, text)
-        self.count += 1
-        self.bytes += len(text)
-        self.written += 1
+        self.count, self.bytes, self.written = self.count + 1, self.bytes + len(text), self.written + 1
 
     def need_url(self) -> str:
         if not self.url:
@@ -143,10 +143,15 @@ class _Rules:
 
     def lost(self, name: str) -> LeaseLost:
         """The run no longer holds the job: it must stop (remembered as its stop)."""
-        stop = LeaseLost(f"handler step {name!r}: this run of job {self.fence.job_id} no "
-                         "longer holds its lease; nothing it did in the step was committed")
-        self.stop = stop
+        self.stop = stop = LeaseLost(f"handler step {name!r}: this run of job "
+                                     f"{self.fence.job_id} no longer holds its lease; nothing "
+                                     "it did in the step was committed")
         return stop
+
+    def not_here(self) -> StepError:
+        return StepError(
+            f"handler steps need the handler's database to be the jobs' database: "
+            f"ctx.database_url (--handler-database-url) holds no job {self.fence.job_id}")
 
     def fail(self, exc: BaseException, name: str) -> BaseException:
         """The exception a database error of step ``name`` becomes (and is remembered as
@@ -157,9 +162,7 @@ class _Rules:
         if state == store.LEASE_LOST:
             return self.lost(name)
         if state == store.NO_SUCH_JOB or state in ("42883", "3F000", "42P01"):
-            return StepError(
-                f"handler steps need the handler's database to be the jobs' database: "
-                f"ctx.database_url (--handler-database-url) holds no job {self.fence.job_id}")
+            return self.not_here()
         if state == "42501":
             return StepError("handler steps: the handler's database role may not call "
                              "atlantis's step functions; grant it atlantis_enqueuer")
@@ -172,8 +175,8 @@ class _Rules:
         return self.stop
 
     def suspend(self, name: str, wake: datetime) -> Suspended:
-        self.stop = Suspended(wake.isoformat(), f"sleep:{name}")
-        return self.stop
+        self.stop = stop = Suspended(wake.isoformat(), f"sleep:{name}")
+        return stop
 
 
 class StepBook(_Rules):
@@ -191,8 +194,7 @@ class StepBook(_Rules):
 
             try:
                 self._conn = psycopg.connect(self.need_url(), **store.CONNECT_OPTIONS)
-                store.prepare_if_direct(self._conn)
-                self.loaded(store.records(self._conn, self.fence))
+                self.loaded(store.open_records(self._conn, self.fence), name)
             except psycopg.Error as exc:
                 raise self.fail(exc, name) from exc
         return self._conn
@@ -299,8 +301,7 @@ class AsyncStepBook(_Rules):
             try:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self.need_url(), **store.CONNECT_OPTIONS)
-                await store.prepare_if_direct_async(self._conn)
-                self.loaded(await store.records_async(self._conn, self.fence))
+                self.loaded(await store.open_records_async(self._conn, self.fence), name)
             except psycopg.Error as exc:
                 raise self.fail(exc, name) from exc
         return self._conn

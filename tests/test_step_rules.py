@@ -19,7 +19,7 @@ from atlantis.steps import (
     sleep_seconds,
     wake_time,
 )
-from atlantis.store.steps import Fence
+from atlantis.store.steps import Fence, Opened
 
 
 def _refused(call: object, *args: object) -> StepError:
@@ -83,7 +83,7 @@ def test_a_naive_wake_time_is_refused() -> None:
 
 def _rules(count: int, size: int) -> _Rules:
     rules = _Rules(Fence(1, "00000000-0000-0000-0000-000000000000", 1), "postgresql:///x")
-    rules.loaded([])
+    rules.loaded(Opened("ok", []), "first")
     rules.count, rules.bytes = count, size
     return rules
 
@@ -112,7 +112,8 @@ def test_no_step_runs_after_the_run_ended() -> None:
 
 def test_a_recorded_name_run_as_another_kind_is_refused() -> None:
     rules = _rules(0, 0)
-    rules.loaded([("nap", "sleep", '{"until": "2030-01-01T00:00:00+00:00"}')])
+    rules.loaded(Opened("ok", [("nap", "sleep", '{"until": "2030-01-01T00:00:00+00:00"}')]),
+                 "first")
     error = _refused(rules.recorded, "nap", "step")
     assert "'nap' was recorded by ctx.sleep and is now run by ctx.run_step" in str(error)
 
@@ -123,3 +124,11 @@ def test_no_step_runs_inside_a_transaction_step() -> None:
     error = _refused(rules.begin, "nested")
     assert "handler step 'nested' inside transaction step 'page-1': steps do not nest" in str(
         error)
+
+
+@pytest.mark.parametrize(("held", "error"), [("lost", "LeaseLost"), ("missing", "StepError")])
+def test_a_run_that_does_not_hold_its_job_reads_no_record(held: str, error: str) -> None:
+    rules = _Rules(Fence(1, "00000000-0000-0000-0000-000000000000", 1), "postgresql:///x")
+    with pytest.raises(BaseException) as info:
+        rules.loaded(Opened(held, []), "first")
+    assert type(info.value).__name__ == error and rules.found is None

@@ -704,7 +704,7 @@ CREATE FUNCTION atlantis.step_fence(job_id bigint, run_id uuid) RETURNS void
 --
 
 CREATE FUNCTION atlantis.step_records(job_id bigint, run_id uuid) RETURNS TABLE(name text, kind text, value text)
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 

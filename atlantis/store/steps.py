@@ -24,8 +24,8 @@ LEASE_LOST = "ATL20"
 NO_SUCH_JOB = "ATL21"
 
 #: Open options of a handler's step connection: autocommit (a plain step's record is its
-#: own transaction: one commit), nothing prepared until :func:`prepare_if_direct` found it
-#: goes straight to PostgreSQL (PgBouncer in transaction mode has no prepared statements).
+#: own transaction: one commit), nothing prepared until :func:`open_records` found it goes
+#: straight to PostgreSQL (PgBouncer in transaction mode has no prepared statements).
 CONNECT_OPTIONS: dict[str, Any] = {"autocommit": True, "prepare_threshold": None,
                                    "application_name": "atlantis handler steps"}
 #: Executions of a statement before psycopg prepares it (its default), on a direct connection:
@@ -33,24 +33,23 @@ CONNECT_OPTIONS: dict[str, Any] = {"autocommit": True, "prepare_threshold": None
 PREPARE_THRESHOLD = 5
 
 
-def _direct(backend_pid: int | None, conn_pid: int) -> bool:
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What a run's first step reads: whether the run holds the job (``held``: ``ok``,
+    ``lost``, or ``missing`` when this database has no such job) and every record."""
+
+    held: str
+    rows: list[tuple[str, str, str]]
+
+
+def _opened(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+            found: list[tuple[Any, ...]]) -> Opened:
+    head = next((r for r in found if r[0] is None), None)
+    held = head[1] if head else "missing"
     # A pooler hands its client a pid of its own: the server process behind it changes.
-    return backend_pid is not None and backend_pid == conn_pid
-
-
-def prepare_if_direct(conn: psycopg.Connection[Any]) -> None:
-    """Let ``conn`` prepare what it runs often, unless it goes through a pooler (one round
-    trip, once a connection; as the supervisor's connections do)."""
-    row = conn.execute(Q.backend_pid, prepare=False).fetchone()
-    if _direct(row[0] if row else None, conn.info.backend_pid):
+    if head is not None and head[2] == str(conn.info.backend_pid):
         conn.prepare_threshold = PREPARE_THRESHOLD
-
-
-async def prepare_if_direct_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """:func:`prepare_if_direct` for an async connection."""
-    row = await (await conn.execute(Q.backend_pid, prepare=False)).fetchone()
-    if _direct(row[0] if row else None, conn.info.backend_pid):
-        conn.prepare_threshold = PREPARE_THRESHOLD
+    return Opened(held, [(r[0], r[1], r[2]) for r in found if r[0] is not None])
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +68,10 @@ def _params(fence: Fence, **more: Any) -> dict[str, Any]:
 
 # ---- the child's side (sync and async twins; the rules are the caller's) ----------------
 
-def records(conn: psycopg.Connection[Any], fence: Fence) -> list[tuple[str, str, str]]:
-    """Every record of the job: ``(name, kind, value as JSON text)``."""
-    return [(r[0], r[1], r[2]) for r in conn.execute(Q.step_records, _params(fence))]
+def open_records(conn: psycopg.Connection[Any], fence: Fence) -> Opened:
+    """Every record of the job, ``(name, kind, value as JSON text)``, whether the run holds
+    it, and (one round trip in all) whether ``conn`` may prepare: not through a pooler."""
+    return _opened(conn, conn.execute(Q.step_records, _params(fence)).fetchall())
 
 
 def record(conn: psycopg.Connection[Any], fence: Fence, name: str, kind: str,
@@ -90,10 +90,10 @@ def sleep(conn: psycopg.Connection[Any], fence: Fence, name: str, seconds: float
     return row[0], bool(row[1])
 
 
-async def records_async(conn: psycopg.AsyncConnection[Any], fence: Fence
-                        ) -> list[tuple[str, str, str]]:
+async def open_records_async(conn: psycopg.AsyncConnection[Any], fence: Fence) -> Opened:
+    """:func:`open_records` on an async connection."""
     cur = await conn.execute(Q.step_records, _params(fence))
-    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+    return _opened(conn, await cur.fetchall())
 
 
 async def record_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,

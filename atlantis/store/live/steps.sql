@@ -34,18 +34,27 @@ END
 $$;
 
 -- Every record of the job, for the run that holds it (read once, when the run first needs
--- them).
+-- them), in one statement of plain SQL: a run's first step pays one round trip. Besides the
+-- records, one row whose name is NULL: `kind` says whether the run holds the job ('ok'),
+-- lost it ('lost': no record is returned) or the job is not in this database ('missing'),
+-- and `value` is the serving backend's pid (a pooler shows its client another one).
 CREATE OR REPLACE FUNCTION atlantis.step_records(job_id bigint, run_id uuid)
 RETURNS TABLE (name text, kind text, value text)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE sql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
 AS $$
-#variable_conflict use_column
-BEGIN
-    PERFORM atlantis.step_fence(step_records.job_id, step_records.run_id);
-    RETURN QUERY SELECT s.name, s.kind, s.value::text FROM atlantis.job_steps s
-                  WHERE s.job_id = step_records.job_id ORDER BY s.recorded_at, s.name;
-END
+    WITH j AS MATERIALIZED (
+        SELECT x.run_id = step_records.run_id AND x.state = 'running'
+               AND x.claimed_until > clock_timestamp() AS held
+          FROM atlantis.jobs x WHERE x.id = step_records.job_id
+           FOR SHARE
+    )
+    SELECT NULL::text, CASE WHEN NOT EXISTS (SELECT 1 FROM j) THEN 'missing'
+                            WHEN (SELECT held FROM j) THEN 'ok' ELSE 'lost' END,
+           pg_backend_pid()::text
+    UNION ALL
+    SELECT s.name, s.kind, s.value::text FROM atlantis.job_steps s
+     WHERE s.job_id = step_records.job_id AND (SELECT held FROM j)
 $$;
 
 -- Record one step's value for the run that holds the job; returns when it was recorded, or
