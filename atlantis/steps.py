@@ -193,10 +193,10 @@ class StepBook(_Rules):
             from atlantis.store import steps as store
 
             try:
-                self._conn = psycopg.connect(self.need_url(), **store.CONNECT_OPTIONS)
-                self.loaded(store.open_records(self._conn, self.fence), name)
+                self._conn, opened = store.open_run(self.need_url(), self.fence)
             except psycopg.Error as exc:
                 raise self.fail(exc, name) from exc
+            self.loaded(opened, name)
         return self._conn
 
     def run_step(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -277,12 +277,12 @@ class StepBook(_Rules):
         raise self.suspend(key, wake)
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
+        """The attempt ended: its connection is kept for this process's next attempt."""
+        if self._conn is not None and self.url:
+            from atlantis.store import steps as store
+
+            store.keep(self.url, self._conn)
+        self._conn = None
 
 
 class AsyncStepBook(_Rules):

@@ -333,3 +333,18 @@ def test_a_client_stalled_after_the_fence_does_not_hold_the_row(
     ddb.execute("UPDATE atlantis.jobs SET claimed_until = now() WHERE id = %s", (job_id,))
     ddb.commit()
     stalled.close()
+
+
+def test_a_child_keeps_its_step_connection_but_not_an_attempts_session_state(
+        ddb: psycopg.Connection[Any], supervise: Any) -> None:
+    """One child runs the attempts one after another: the second reuses the first's step
+    connection (the same backend), and what the first set on the session is gone."""
+    _start(supervise, concurrency=1)
+    first = atlantis.enqueue(ddb, "durable.Misuse", {"key": "set", "mode": "show"})
+    first_row = wait_state(ddb, first, "complete")
+    setter = atlantis.enqueue(ddb, "durable.Misuse", {"key": "set", "mode": "set"})
+    assert wait_state(ddb, setter, "complete")["result"] == "64kB"
+    shown = atlantis.enqueue(ddb, "durable.Misuse", {"key": "show", "mode": "show"})
+    setting, backend = wait_state(ddb, shown, "complete")["result"]
+    assert setting == first_row["result"][0] != "64kB"
+    assert backend == first_row["result"][1]  # the same connection, kept

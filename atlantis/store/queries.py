@@ -107,6 +107,7 @@ class Queries:
     step_record: LiteralString
     step_sleep: LiteralString
     step_clear: LiteralString
+    step_session_reset: LiteralString
     step_list: LiteralString
     step_summary: LiteralString
     step_suspension: LiteralString

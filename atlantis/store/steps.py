@@ -8,15 +8,19 @@ job: another may), :data:`NO_SUCH_JOB` (the handler's database is not the jobs')
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from atlantis.store.queries import Q
 from atlantis.store.typed_rows import all_rows, one_row
+
+IDLE = TransactionStatus.IDLE
 
 #: SQLSTATE of a fenced write or read whose run no longer holds the job's lease.
 LEASE_LOST = "ATL20"
@@ -31,6 +35,56 @@ CONNECT_OPTIONS: dict[str, Any] = {"autocommit": True, "prepare_threshold": None
 #: Executions of a statement before psycopg prepares it (its default), on a direct connection:
 #: a transaction step's own statements (a page's upserts) are then planned once.
 PREPARE_THRESHOLD = 5
+
+
+#: A child's step connection, kept between its attempts (by URL, with the process that made
+#: it): a new backend pays for the catalog of atlantis.jobs at its first statement, every
+#: attempt would otherwise pay it again.
+_KEPT: dict[str, tuple[int, psycopg.Connection[Any]]] = {}
+
+
+def open_run(url: str, fence: Fence) -> tuple[psycopg.Connection[Any], Opened]:
+    """A run's step connection and what its first step reads (:func:`open_records`): the
+    connection an earlier attempt of this process left, if it is still open and idle and the
+    server still has it, else a new one."""
+    kept = _KEPT.pop(url, None)
+    if kept is not None:
+        pid, conn = kept
+        if pid == os.getpid() and not conn.closed and conn.info.transaction_status == IDLE:
+            try:
+                return conn, open_records(conn, fence)
+            except psycopg.OperationalError:  # dropped by the server meanwhile
+                pass
+        _close(conn)
+    conn = psycopg.connect(url, **CONNECT_OPTIONS)
+    try:
+        return conn, open_records(conn, fence)
+    except BaseException:
+        _close(conn)
+        raise
+
+
+def keep(url: str, conn: psycopg.Connection[Any]) -> None:
+    """After an attempt: reset ``conn``'s session and keep it for this process's next attempt;
+    one that is not idle, or whose reset fails, is closed instead."""
+    try:
+        if conn.closed or conn.info.transaction_status != IDLE:
+            raise psycopg.InterfaceError("not idle")
+        conn.execute(Q.step_session_reset, prepare=False)
+    except psycopg.Error:
+        _close(conn)
+        return
+    old = _KEPT.pop(url, None)
+    if old is not None:
+        _close(old[1])
+    _KEPT[url] = (os.getpid(), conn)
+
+
+def _close(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.close()
+    except Exception:  # a connection of another process, or already broken
+        pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,11 @@ SELECT wake, due FROM atlantis.step_sleep(%(job_id)s, %(run_id)s, %(name)s,
                                          %(seconds)s::float8, %(until)s::timestamptz,
                                          %(attempt)s)
 
+-- name: step_session_reset
+-- A child's step connection between two attempts: whatever an attempt's code set on the
+-- session (settings, a role, temporary tables, prepared statements) is not the next one's.
+DISCARD ALL
+
 -- name: step_clear
 SELECT atlantis.clear_steps(%(job_id)s)
 

@@ -99,6 +99,12 @@ def misuse(ctx: atlantis.JobContext, args: Any) -> Any:
         ctx.run_step("ratio", lambda: {"ratio": math.nan})
     elif args.mode == "bad-sleep":
         ctx.sleep("nap", -1)
+    elif args.mode == "set":  # a session setting made in a step (SET, not SET LOCAL)
+        return ctx.transaction("set", lambda conn: conn.execute(
+            "SELECT set_config('work_mem', '64kB', false)").fetchone()[0])
+    elif args.mode == "show":
+        return ctx.transaction("show", lambda conn: [conn.execute(
+            "SELECT current_setting('work_mem')").fetchone()[0], conn.info.backend_pid])
     elif args.mode == "lose":
         def lose(conn: psycopg.Connection[Any]) -> str:
             conn.execute("INSERT INTO durable_effects (key, page, attempt) VALUES (%s, 0, %s)",
