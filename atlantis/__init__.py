@@ -19,6 +19,8 @@ if TYPE_CHECKING:
         ConfigurationError,
         DeclarationError,
         Discard,
+        EventTimeout,
+        JobEndedError,
         JobNotFoundError,
         LeaseLost,
         Snooze,
@@ -30,7 +32,14 @@ if TYPE_CHECKING:
         WorkflowNotFoundError,
         WorkflowStateError,
     )
-    from atlantis.operations import cancel, cancel_async, retry, retry_async
+    from atlantis.operations import (
+        cancel,
+        cancel_async,
+        retry,
+        retry_async,
+        send_event,
+        send_event_async,
+    )
     from atlantis.registry import Registry
     from atlantis.store.database import database_url
     from atlantis.workflows import (
@@ -56,6 +65,8 @@ _HOMES: dict[str, str] = {
     "ConfigurationError": "atlantis.errors",
     "DeclarationError": "atlantis.errors",
     "Discard": "atlantis.errors",
+    "EventTimeout": "atlantis.errors",
+    "JobEndedError": "atlantis.errors",
     "JobNotFoundError": "atlantis.errors",
     "LeaseLost": "atlantis.errors",
     "Snooze": "atlantis.errors",
@@ -70,6 +81,8 @@ _HOMES: dict[str, str] = {
     "cancel_async": "atlantis.operations",
     "retry": "atlantis.operations",
     "retry_async": "atlantis.operations",
+    "send_event": "atlantis.operations",
+    "send_event_async": "atlantis.operations",
     "Registry": "atlantis.registry",
     "database_url": "atlantis.store.database",
     "cancel_workflow": "atlantis.workflows",
@@ -87,7 +100,9 @@ __all__ = [
     "ConfigurationError",
     "DeclarationError",
     "Discard",
+    "EventTimeout",
     "JobContext",
+    "JobEndedError",
     "JobNotFoundError",
     "LeaseLost",
     "Registry",
@@ -113,6 +128,8 @@ __all__ = [
     "retry",
     "retry_async",
     "retry_workflow",
+    "send_event",
+    "send_event_async",
     "start_workflow",
     "start_workflow_async",
 ]

@@ -163,6 +163,17 @@ class JobContext:
 
         self._book().sleep(name, None, wake_time(when))
 
+    def wait_for_event(self, name: str, event: str,
+                       timeout: float | timedelta | None = None) -> Any:
+        """Wait durably for an event named ``event`` sent to this job
+        (``atlantis.send_event``) and return its payload. One sent before the wait is kept
+        for it; each is consumed once, recorded as this step's value. While none has come
+        the run ends as :meth:`sleep` ends it; past ``timeout`` (seconds or a timedelta,
+        fixed when the wait is first reached) it raises :class:`atlantis.EventTimeout`."""
+        from atlantis.steps import event_timeout
+
+        return self._book().wait_for_event(name, event, event_timeout(timeout))
+
     def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
         """Report progress; never raises. Returns the error that kept it from being sent."""
         try:
@@ -225,6 +236,14 @@ class AsyncJobContext(JobContext):
         from atlantis.steps import wake_time
 
         await self._book().sleep(name, None, wake_time(when))
+
+
+    async def wait_for_event(self, name: str, event: str,
+                             timeout: float | timedelta | None = None) -> Any:
+        """As :meth:`JobContext.wait_for_event`."""
+        from atlantis.steps import event_timeout
+
+        return await self._book().wait_for_event(name, event, event_timeout(timeout))
 
 
 def checkpoint(ctx: JobContext, pct: float, msg: str = "") -> Exception | None:

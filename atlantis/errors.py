@@ -90,3 +90,12 @@ class LeaseLost(BaseException):
     """Raised inside a handler by a step whose run no longer holds the job's lease (another
     run may hold it now): the step's transaction was rolled back and the run must stop. Its
     attempt ends with error kind ``lease``."""
+
+
+class EventTimeout(AtlantisError):  # noqa: N818 - the name is part of the public API
+    """``ctx.wait_for_event`` reached its deadline (fixed when the wait was first reached)
+    before an event of that name was sent to the job."""
+
+
+class JobEndedError(AtlantisError):
+    """The job has ended (complete, dead or cancelled): an event can no longer reach it."""

@@ -18,6 +18,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from atlantis.errors import (
+    JobEndedError,
     JobNotFoundError,
     UniqueKeyTakenError,
     ValidationError,
@@ -31,6 +32,8 @@ UNIQUE_KEY_TAKEN = "ATL03"
 NO_SUCH_JOB = "ATL04"
 REFUSED_IN_WORKFLOW = "ATL05"
 BAD_VALUE = "ATL02"
+JOB_ENDED = "ATL22"
+BAD_EVENT = "ATL23"
 
 
 def translate(exc: psycopg.Error) -> BaseException:
@@ -41,6 +44,10 @@ def translate(exc: psycopg.Error) -> BaseException:
         return UniqueKeyTakenError(message)
     if exc.sqlstate == REFUSED_IN_WORKFLOW:
         return WorkflowStateError(message)
+    if exc.sqlstate == JOB_ENDED:
+        return JobEndedError(message)
+    if exc.sqlstate == BAD_EVENT:
+        return ValidationError(message)
     return exc
 
 
@@ -163,3 +170,36 @@ def set_queue_limit(conn: psycopg.Connection[Any], queue: str, concurrency: int 
                            {"queue": queue, "concurrency": concurrency, "by": by},
                            errors=_limit_errors)
     return was
+
+
+def send_event(conn: psycopg.Connection[Any], job_id: int, event: str, payload: Any = None,
+               *, by: str | None = None) -> int:
+    """Send ``event`` to job ``job_id`` in the caller's transaction; returns the event's id.
+
+    It is kept until the job's handler waits for an event of that name
+    (``ctx.wait_for_event``), which consumes it once; a job that waits for it already is
+    woken. ``payload`` is JSON (at most 64 KiB of it). Raises
+    :class:`~atlantis.JobNotFoundError` for an unknown job, :class:`~atlantis.JobEndedError`
+    for one that has ended, :class:`~atlantis.ValidationError` for a bad name, a payload
+    too large, or a job already holding 1000 events it has not consumed.
+    """
+    found: int = call(conn, Q.event_send, {"job_id": row_id(job_id), "event": event,
+                                          "payload": _payload(payload), "by": by})
+    return found
+
+
+async def send_event_async(conn: psycopg.AsyncConnection[Any], job_id: int, event: str,
+                           payload: Any = None, *, by: str | None = None) -> int:
+    """The twin of :func:`send_event` for psycopg's ``AsyncConnection``."""
+    found: int = await call_async(conn, Q.event_send, {
+        "job_id": row_id(job_id), "event": event, "payload": _payload(payload), "by": by})
+    return found
+
+
+def _payload(payload: Any) -> str | None:
+    import orjson
+
+    try:
+        return None if payload is None else orjson.dumps(payload).decode()
+    except TypeError as exc:
+        raise ValidationError(f"an event's payload must be JSON: {exc}") from exc

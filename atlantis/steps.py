@@ -11,7 +11,6 @@ is remembered (``stop``): a handler that catches it and goes on still fails.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from atlantis.errors import LeaseLost, StepError, Suspended
+from atlantis.errors import EventTimeout, LeaseLost, StepError, Suspended
 from atlantis.limits import MAX_STEP_BYTES, MAX_STEP_NAME, MAX_STEP_RECORDS
 from atlantis.protocol import results
 
@@ -29,7 +28,8 @@ if TYPE_CHECKING:
     from atlantis.store.steps import Fence, Opened
 
 _MISSING: Any = object()
-_METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep"}  # by kind
+_METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep",
+            "event": "wait_for_event"}  # by kind
 
 
 def check_name(name: object) -> str:
@@ -60,6 +60,18 @@ def wake_time(when: object) -> datetime:
                         "(datetime.now(timezone.utc) + ...), not "
                         f"{when!r}"[:200])
     return when
+
+
+def event_name(event: object) -> str:
+    if type(event) is not str or not event or len(event) > 200:
+        raise StepError(f"an event's name must be a non-empty string of at most 200 "
+                        f"characters, not {str(event)[:60]!r}")
+    return event
+
+
+def event_timeout(timeout: object) -> float | None:
+    """``ctx.wait_for_event``'s timeout in seconds (None: none), as a sleep's duration."""
+    return None if timeout is None else sleep_seconds(timeout)
 
 
 def encode(name: str, value: object) -> str:
@@ -174,9 +186,20 @@ class _Rules:
                               "attempt fails and the next run reads the record")
         return self.stop
 
-    def suspend(self, name: str, wake: datetime) -> Suspended:
-        self.stop = stop = Suspended(wake.isoformat(), f"sleep:{name}")
+    def suspend(self, name: str, wake: datetime, waits: str = "") -> Suspended:
+        self.stop = stop = Suspended(wake.isoformat(), waits or f"sleep:{name}")
         return stop
+
+    def waited(self, name: str, event: str, got: tuple[bool, str | None, datetime | None]
+               ) -> Any:
+        """The end of a wait's step: the payload, EventTimeout, or the run suspended."""
+        delivered, payload, wake = got
+        if delivered:
+            return None if payload is None else orjson.loads(payload)
+        if wake is None:
+            raise EventTimeout(f"handler step {name!r}: no event {event!r} reached job "
+                               f"{self.fence.job_id} before the wait's deadline")
+        raise self.suspend(name, wake, f"event:{event}")
 
 
 class StepBook(_Rules):
@@ -276,6 +299,20 @@ class StepBook(_Rules):
             return
         raise self.suspend(key, wake)
 
+    def wait_for_event(self, name: object, event: str, seconds: float | None) -> Any:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = self._open(key)
+        self.recorded(key, "event")  # refuses a name recorded as another kind
+        try:
+            got = store.wait_event(conn, self.fence, key, event_name(event), seconds)
+        except psycopg.Error as exc:
+            raise self.fail(exc, key) from exc
+        return self.waited(key, event, got)
+
     def close(self) -> None:
         """The attempt ended: its connection is kept for this process's next attempt."""
         if self._conn is not None and self.url:
@@ -283,117 +320,3 @@ class StepBook(_Rules):
 
             store.keep(self.url, self._conn)
         self._conn = None
-
-
-class AsyncStepBook(_Rules):
-    """An async handler's steps: the same rules, on an async connection."""
-
-    def __init__(self, fence: Fence, url: str | None) -> None:
-        super().__init__(fence, url)
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    async def _open(self, name: str) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None:
-            import psycopg
-
-            from atlantis.store import steps as store
-
-            try:
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self.need_url(), **store.CONNECT_OPTIONS)
-                self.loaded(await store.open_records_async(self._conn, self.fence), name)
-            except psycopg.Error as exc:
-                raise self.fail(exc, name) from exc
-        return self._conn
-
-    async def run_step(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
-                       kwargs: dict[str, Any]) -> Any:
-        key = self.begin(name)
-        conn = await self._open(key)
-        value = self.recorded(key, "step")
-        if value is not _MISSING:
-            return value
-        got = fn(*args, **kwargs)
-        if inspect.isawaitable(got):
-            got = await got
-        text = encode(key, got)
-        self.room(key, text)
-        await self._write(conn, key, "step", text)
-        return orjson.loads(text)
-
-    async def _write(self, conn: psycopg.AsyncConnection[Any], name: str, kind: str,
-                     text: str) -> None:
-        import psycopg
-
-        from atlantis.store import steps as store
-
-        try:
-            recorded = await store.record_async(conn, self.fence, name, kind, text)
-        except psycopg.Error as exc:
-            raise self.fail(exc, name) from exc
-        if not recorded:
-            raise self.lost(name)
-        self.wrote(name, kind, text)
-
-    async def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
-                          kwargs: dict[str, Any]) -> Any:
-        import psycopg
-
-        from atlantis.store import steps as store
-
-        key = self.begin(name)
-        conn = await self._open(key)
-        value = self.recorded(key, "transaction")
-        if value is not _MISSING:
-            return value
-        committing = False
-        text = ""
-        try:
-            async with conn.transaction():
-                self.inside = key
-                try:
-                    got = fn(conn, *args, **kwargs)
-                    if inspect.isawaitable(got):
-                        got = await got
-                finally:
-                    self.inside = None
-                text = encode(key, got)
-                self.room(key, text)
-                try:
-                    recorded = await store.record_async(conn, self.fence, key, "transaction",
-                                                        text)
-                except psycopg.Error as exc:
-                    raise self.fail(exc, key) from exc
-                if not recorded:  # rolled back: the run no longer holds the job
-                    raise self.lost(key)
-                committing = True
-        except psycopg.OperationalError as exc:
-            if committing:
-                raise self.unknown_commit(key, exc) from exc
-            raise
-        self.wrote(key, "transaction", text)
-        return orjson.loads(text)
-
-    async def sleep(self, name: object, seconds: float | None, until: datetime | None) -> None:
-        import psycopg
-
-        from atlantis.store import steps as store
-
-        key = self.begin(name)
-        conn = await self._open(key)
-        self.recorded(key, "sleep")
-        try:
-            wake, due = await store.sleep_async(conn, self.fence, key, seconds, until)
-        except psycopg.Error as exc:
-            raise self.fail(exc, key) from exc
-        if due:
-            return
-        raise self.suspend(key, wake)
-
-    async def aclose(self) -> None:
-        if self._conn is not None:
-            try:
-                await self._conn.close()
-            except Exception:
-                pass
-            self._conn = None

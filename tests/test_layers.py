@@ -44,8 +44,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("protocol",),
     ("declarations",),
     ("store",),
-    ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "progress", "app",
-     "presentation"),
+    ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "steps_async",
+     "progress", "app", "presentation"),
     ("child",),
     ("keeper",),  # the lease keeper: the child's tree-killing, run by a process of its own
     ("supervisor", "cli", "console", "integrations"),  # integrations: Django, SQLAlchemy

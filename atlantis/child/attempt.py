@@ -64,7 +64,8 @@ from atlantis.errors import Discard, LeaseLost, Snooze, StepError, Suspended
 from atlantis.protocol import results
 from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, ErrorKind, Run, clip
 from atlantis.registry import Registration, Registry
-from atlantis.steps import AsyncStepBook, StepBook
+from atlantis.steps import StepBook
+from atlantis.steps_async import AsyncStepBook
 from atlantis.store.steps import Fence
 
 

@@ -34,8 +34,10 @@ from atlantis.cli.common import (
 from atlantis.cli.escape import safe
 from atlantis.errors import (
     AtlantisError,
+    JobEndedError,
     JobNotFoundError,
     UniqueKeyTakenError,
+    ValidationError,
     WorkflowStateError,
 )
 from atlantis.presentation import (
@@ -224,6 +226,28 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
         click.echo(f"job {job_id} is running; its supervisor is stopping it")
     else:
         click.echo(f"job {job_id} cancelled")
+
+
+@job.command("send-event")
+@click.argument("job_id", type=JOB_ID)
+@click.argument("event")
+@click.option("--payload", metavar="JSON", help="The event's payload (JSON, at most 64 KiB).")
+@click.pass_context
+def job_send_event(ctx: click.Context, job_id: int, event: str, payload: str | None) -> None:
+    """Send EVENT to a job: its handler's ctx.wait_for_event of that name receives it (kept
+    until then; a job that waits for it already is woken)."""
+    import orjson
+
+    try:
+        value = None if payload is None else orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        fail(f"--payload: not JSON ({exc})", code=2)
+    with connection(ctx) as conn:
+        try:
+            sent = operations.send_event(conn, job_id, event, value, by=operator_name())
+        except (JobNotFoundError, JobEndedError, ValidationError) as exc:
+            fail(str(exc))
+    click.echo(f"event {safe(event)} sent to job {job_id} (event {sent})")
 
 
 @job.command("logs")

@@ -123,7 +123,8 @@ _READ_FUNCTIONS: LiteralString = (
 _STEP_FUNCTIONS: LiteralString = (
     "atlantis.step_fence(bigint, uuid), atlantis.step_records(bigint, uuid),"
     " atlantis.record_step(bigint, uuid, text, text, jsonb, int),"
-    " atlantis.step_sleep(bigint, uuid, text, double precision, timestamp with time zone, int)"
+    " atlantis.step_sleep(bigint, uuid, text, double precision, timestamp with time zone, int),"
+    " atlantis.step_wait_event(bigint, uuid, text, text, double precision, int)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.
@@ -134,7 +135,7 @@ GRANT EXECUTE ON FUNCTION
     atlantis.enqueue_many(text, jsonb[], timestamptz, int, text, interval, jsonb),
     atlantis.cancel(bigint, text),
     atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
-    """ + _STEP_FUNCTIONS + """
+    """ + _STEP_FUNCTIONS + """, atlantis.send_event(bigint, text, jsonb, text)
     TO atlantis_enqueuer;""",
     # atlantis-supervise: claims, leases, results, attempts, logs, its workers row,
     # schedules and retention, and syncing declarations into job_types; no DDL, no
@@ -164,7 +165,7 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
     atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
     atlantis.prune_workflows(interval, text[], int), atlantis.set_queue_limit(text, int, text),
-    atlantis.clear_steps(bigint)
+    atlantis.clear_steps(bigint), atlantis.send_event(bigint, text, jsonb, text)
     TO atlantis_operator;
 DO $$
 BEGIN

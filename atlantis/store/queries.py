@@ -112,6 +112,10 @@ class Queries:
     step_summary: LiteralString
     step_suspension: LiteralString
     queue_asleep: LiteralString
+    # events.sql (issue 35: events sent to jobs, a handler's wait for one)
+    event_send: LiteralString
+    step_wait_event: LiteralString
+    event_sweep: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -144,7 +148,7 @@ def _compact(body: str) -> str:
 def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
-             "workflows.sql", "steps.sql")
+             "workflows.sql", "steps.sql", "events.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 

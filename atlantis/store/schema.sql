@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0026) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0027) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -225,6 +225,15 @@ CREATE FUNCTION atlantis.enqueue_unique(decl atlantis.job_types, a jsonb, q text
 
 CREATE FUNCTION atlantis.errors_append(history jsonb, entry jsonb) RETURNS jsonb
     LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: event_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.event_sweep(n integer) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -578,6 +587,15 @@ CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time z
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: send_event(bigint, text, jsonb, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.send_event(job_id bigint, event text, payload jsonb DEFAULT NULL::jsonb, by text DEFAULT CURRENT_USER) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: set_queue_limit(text, integer, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -713,6 +731,15 @@ CREATE FUNCTION atlantis.step_records(job_id bigint, run_id uuid) RETURNS TABLE(
 --
 
 CREATE FUNCTION atlantis.step_sleep(job_id bigint, run_id uuid, name text, seconds double precision, until timestamp with time zone, attempt integer) RETURNS TABLE(wake timestamp with time zone, due boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: step_wait_event(bigint, uuid, text, text, double precision, integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_wait_event(job_id bigint, run_id uuid, name text, event text, seconds double precision, attempt integer) RETURNS TABLE(delivered boolean, payload text, wake timestamp with time zone)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -951,6 +978,39 @@ CREATE SEQUENCE atlantis.console_audit_id_seq
 ALTER SEQUENCE atlantis.console_audit_id_seq OWNED BY atlantis.console_audit.id;
 
 --
+-- Name: job_events; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.job_events (
+    id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    event text NOT NULL,
+    payload jsonb,
+    sent_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    sent_by text,
+    consumed_at timestamp with time zone,
+    consumed_by text,
+    CONSTRAINT job_events_event_check CHECK (((char_length(event) >= 1) AND (char_length(event) <= 200)))
+);
+
+--
+-- Name: job_events_id_seq; Type: SEQUENCE; Schema: atlantis; Owner: -
+--
+
+CREATE SEQUENCE atlantis.job_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: job_events_id_seq; Type: SEQUENCE OWNED BY; Schema: atlantis; Owner: -
+--
+
+ALTER SEQUENCE atlantis.job_events_id_seq OWNED BY atlantis.job_events.id;
+
+--
 -- Name: job_rows; Type: VIEW; Schema: atlantis; Owner: -
 --
 
@@ -1012,7 +1072,7 @@ CREATE TABLE atlantis.job_steps (
     attempt integer NOT NULL,
     recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT job_steps_bytes_check CHECK ((bytes >= 0)),
-    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text]))),
+    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'event'::text]))),
     CONSTRAINT job_steps_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200)))
 );
 
@@ -1207,6 +1267,12 @@ ALTER TABLE ONLY atlantis.attempts ALTER COLUMN id SET DEFAULT nextval('atlantis
 ALTER TABLE ONLY atlantis.console_audit ALTER COLUMN id SET DEFAULT nextval('atlantis.console_audit_id_seq'::regclass);
 
 --
+-- Name: job_events id; Type: DEFAULT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_events ALTER COLUMN id SET DEFAULT nextval('atlantis.job_events_id_seq'::regclass);
+
+--
 -- Name: jobs id; Type: DEFAULT; Schema: atlantis; Owner: -
 --
 
@@ -1231,6 +1297,13 @@ ALTER TABLE ONLY atlantis.attempts
 
 ALTER TABLE ONLY atlantis.console_audit
     ADD CONSTRAINT console_audit_pkey PRIMARY KEY (id);
+
+--
+-- Name: job_events job_events_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_events
+    ADD CONSTRAINT job_events_pkey PRIMARY KEY (id);
 
 --
 -- Name: job_steps job_steps_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
@@ -1334,6 +1407,12 @@ CREATE INDEX attempts_job_idx ON atlantis.attempts USING btree (job_id, id);
 --
 
 CREATE INDEX console_audit_at_idx ON atlantis.console_audit USING btree (at DESC);
+
+--
+-- Name: job_events_pending_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX job_events_pending_idx ON atlantis.job_events USING btree (job_id, event, id) WHERE (consumed_at IS NULL);
 
 --
 -- Name: jobs_fetch_free_idx; Type: INDEX; Schema: atlantis; Owner: -
@@ -1472,6 +1551,13 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON atlantis.jobs REFERENCING NE
 --
 
 CREATE TRIGGER jobs_workflow_advance AFTER UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((new.workflow_id IS NOT NULL) AND (old.state IS DISTINCT FROM new.state) AND (new.state <> 'running'::text))) EXECUTE FUNCTION atlantis.workflow_advance();
+
+--
+-- Name: job_events job_events_job_id_fkey; Type: FK CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.job_events
+    ADD CONSTRAINT job_events_job_id_fkey FOREIGN KEY (job_id) REFERENCES atlantis.jobs(id) ON DELETE CASCADE;
 
 --
 -- Name: job_steps job_steps_job_id_fkey; Type: FK CONSTRAINT; Schema: atlantis; Owner: -

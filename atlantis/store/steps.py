@@ -150,6 +150,27 @@ async def open_records_async(conn: psycopg.AsyncConnection[Any], fence: Fence) -
     return _opened(conn, await cur.fetchall())
 
 
+def wait_event(conn: psycopg.Connection[Any], fence: Fence, name: str, event: str,
+               seconds: float | None) -> tuple[bool, str | None, datetime | None]:
+    """A wait's step (``atlantis.step_wait_event``): (delivered, its payload as JSON text, the
+    wake time while it waits: None once delivered or timed out)."""
+    row = conn.execute(Q.step_wait_event, _params(fence, name=name, event=event,
+                                                  seconds=seconds)).fetchone()
+    assert row is not None
+    return bool(row[0]), row[1], row[2]
+
+
+async def wait_event_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                           event: str, seconds: float | None
+                           ) -> tuple[bool, str | None, datetime | None]:
+    """:func:`wait_event` on an async connection."""
+    cur = await conn.execute(Q.step_wait_event, _params(fence, name=name, event=event,
+                                                        seconds=seconds))
+    row = await cur.fetchone()
+    assert row is not None
+    return bool(row[0]), row[1], row[2]
+
+
 async def record_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
                        kind: str, value: str) -> bool:
     """:func:`record` on an async connection."""

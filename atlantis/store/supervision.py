@@ -301,6 +301,13 @@ async def workflow_sweep(db: Connection, batch: int) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+async def event_sweep(db: Connection, batch: int) -> int:
+    """Wake the jobs that wait for an event already sent (atlantis.event_sweep: one sent
+    while the run that waits for it was suspending). Returns how many it woke."""
+    rows = await db.fetch(Q.event_sweep, {"limit": batch}, timeout=10)
+    return int(rows[0][0]) if rows else 0
+
+
 async def cancel_requests(db: Connection, worker: str) -> list[int]:
     """Jobs running under ``worker`` that an operator asked to cancel."""
     return [job_id for (job_id,) in await db.fetch(Q.cancel_requests, {"worker": worker},

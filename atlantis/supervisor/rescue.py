@@ -58,6 +58,7 @@ class Rescue(Service):
         try:  # workflows past their deadline: the one transition only time finds
             await sql.workflow_sweep(self.db, rt.settings.rescue_batch)
             await sql.limit_sweep(self.db, rt.settings.rescue_batch)  # rate windows ended
+            await sql.event_sweep(self.db, rt.settings.rescue_batch)  # events a wait missed
         except (DatabaseUnavailable, StatementRejected):
             pass
         for r in rows:

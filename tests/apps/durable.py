@@ -172,3 +172,15 @@ def flow_undo(ctx: atlantis.JobContext, args: Any) -> str:
 @registry.handler("durable.FlowFail")
 def flow_fail(ctx: atlantis.JobContext, args: Any) -> None:
     raise atlantis.Discard("the second step fails for good")
+
+
+@registry.handler("durable.Wait")
+def wait(ctx: atlantis.JobContext, args: Any) -> Any:
+    ctx.run_step("before", record, ctx, args.key, "before")
+    try:
+        payload = ctx.wait_for_event("approval", args.event, timeout=args.timeout)
+    except atlantis.EventTimeout:
+        record(ctx, args.key, "timed-out")
+        raise
+    record(ctx, args.key, "received")
+    return payload

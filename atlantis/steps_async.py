@@ -1,0 +1,147 @@
+"""An async handler's steps (``atlantis.AsyncJobContext``): the rules of
+:mod:`atlantis.steps`, on an async connection of the run's own (made in the handler's event
+loop, closed in it: not kept between attempts)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from atlantis.steps import _MISSING, _Rules, encode, event_name
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from atlantis.store.steps import Fence
+
+
+class AsyncStepBook(_Rules):
+    """An async handler's steps: the same rules, on an async connection."""
+
+    def __init__(self, fence: Fence, url: str | None) -> None:
+        super().__init__(fence, url)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _open(self, name: str) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            import psycopg
+
+            from atlantis.store import steps as store
+
+            try:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.need_url(), **store.CONNECT_OPTIONS)
+                self.loaded(await store.open_records_async(self._conn, self.fence), name)
+            except psycopg.Error as exc:
+                raise self.fail(exc, name) from exc
+        return self._conn
+
+    async def run_step(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "step")
+        if value is not _MISSING:
+            return value
+        got = fn(*args, **kwargs)
+        if inspect.isawaitable(got):
+            got = await got
+        text = encode(key, got)
+        self.room(key, text)
+        await self._write(conn, key, "step", text)
+        return orjson.loads(text)
+
+    async def _write(self, conn: psycopg.AsyncConnection[Any], name: str, kind: str,
+                     text: str) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        try:
+            recorded = await store.record_async(conn, self.fence, name, kind, text)
+        except psycopg.Error as exc:
+            raise self.fail(exc, name) from exc
+        if not recorded:
+            raise self.lost(name)
+        self.wrote(name, kind, text)
+
+    async def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "transaction")
+        if value is not _MISSING:
+            return value
+        committing = False
+        text = ""
+        try:
+            async with conn.transaction():
+                self.inside = key
+                try:
+                    got = fn(conn, *args, **kwargs)
+                    if inspect.isawaitable(got):
+                        got = await got
+                finally:
+                    self.inside = None
+                text = encode(key, got)
+                self.room(key, text)
+                try:
+                    recorded = await store.record_async(conn, self.fence, key, "transaction",
+                                                        text)
+                except psycopg.Error as exc:
+                    raise self.fail(exc, key) from exc
+                if not recorded:  # rolled back: the run no longer holds the job
+                    raise self.lost(key)
+                committing = True
+        except psycopg.OperationalError as exc:
+            if committing:
+                raise self.unknown_commit(key, exc) from exc
+            raise
+        self.wrote(key, "transaction", text)
+        return orjson.loads(text)
+
+    async def sleep(self, name: object, seconds: float | None, until: datetime | None) -> None:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        self.recorded(key, "sleep")
+        try:
+            wake, due = await store.sleep_async(conn, self.fence, key, seconds, until)
+        except psycopg.Error as exc:
+            raise self.fail(exc, key) from exc
+        if due:
+            return
+        raise self.suspend(key, wake)
+
+    async def wait_for_event(self, name: object, event: str, seconds: float | None) -> Any:
+        import psycopg
+
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        self.recorded(key, "event")
+        try:
+            got = await store.wait_event_async(conn, self.fence, key, event_name(event), seconds)
+        except psycopg.Error as exc:
+            raise self.fail(exc, key) from exc
+        return self.waited(key, event, got)
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
