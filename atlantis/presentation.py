@@ -84,13 +84,15 @@ def handler_steps_document(summary: steps.StepSummary,
     add: ``handler_steps`` (``{"records", "bytes", "last": [{"name", "kind", "bytes",
     "at"}]}``, the last few records oldest first), ``suspended_for`` (what an ``available``
     job that suspended itself waits for: ``sleep:<step>``; null otherwise) and
-    ``suspended_until`` (when it runs again: its ``run_at``; null unless suspended)."""
+    ``suspended_until`` (when it runs again: its ``run_at``; null unless suspended, and for
+    a wait for an event with no deadline)."""
     last = [{"name": r.get("name"), "kind": r.get("kind"), "bytes": r.get("bytes"),
              "at": _instant(r.get("at"))} for r in summary.last if isinstance(r, dict)]
     return {"handler_steps": {"records": summary.records, "bytes": summary.bytes,
                               "last": last},
             "suspended_for": asleep.suspended_for if asleep is not None else None,
-            "suspended_until": asleep.until if asleep is not None else None}
+            "suspended_until": (asleep.until if asleep is not None and asleep.until.year < 9999
+                                else None)}
 
 
 def read_handler_steps(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
@@ -116,10 +118,13 @@ def sleep_step(suspended_for: str | None) -> str | None:
 
 def suspension_text(suspended_for: str) -> tuple[str, str]:
     """What a suspended job waits for, as a person reads it: ``("asleep", "in handler step
-    nap")`` for ``sleep:nap``; ``("suspended", "for <what>")`` for anything else."""
+    nap")`` for ``sleep:nap``; ``("waiting", "for event approved")`` for ``event:approved``;
+    ``("suspended", "for <what>")`` for anything else."""
     step = sleep_step(suspended_for)
     if step is not None:
         return "asleep", f"in handler step {step}"
+    if suspended_for.startswith("event:"):
+        return "waiting", f"for event {suspended_for[len('event:'):]}"
     return "suspended", f"for {suspended_for}"
 
 

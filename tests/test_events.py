@@ -123,3 +123,13 @@ def test_bad_events_are_refused_in_one_line(ddb: psycopg.Connection[Any], db_url
     bad = run_tide(["--database-url", db_url, "job", "send-event", str(job_id), "approved",
                     "--payload", "{nope"], check=False)
     assert bad.returncode == 2 and "--payload: not JSON" in bad.stderr
+
+
+def test_tide_shows_what_a_job_waits_for(ddb: psycopg.Connection[Any], db_url: str,
+                                        supervise: Any) -> None:
+    _start(supervise)
+    job_id = _wait_job(ddb, "shown")
+    wait_for(lambda: _waiting(ddb, job_id), message="the job to wait")
+    status = run_tide(["--database-url", db_url, "job", "status", str(job_id)]).stdout
+    assert "waiting    for event approved" in status
+    assert "9999" not in status.split("waiting", 1)[1].splitlines()[0]

@@ -199,7 +199,8 @@ def suspension_line(suspended_for: str, until: datetime | None,
                     now: datetime) -> tuple[str, str]:
     """The label and text of what a suspended job waits for: ``asleep`` in handler step
     ``nap`` until its wake time."""
-    when = f" until {_stamp(until)} ({relative(until, now)})" if until is not None else ""
+    when = (f" until {_stamp(until)} ({relative(until, now)})"
+            if until is not None else "")
     label, what = suspension_text(suspended_for)
     return label, f"{safe(what)}{when}"
 
