@@ -133,3 +133,22 @@ def test_tide_shows_what_a_job_waits_for(ddb: psycopg.Connection[Any], db_url: s
     status = run_tide(["--database-url", db_url, "job", "status", str(job_id)]).stdout
     assert "waiting    for event approved" in status
     assert "9999" not in status.split("waiting", 1)[1].splitlines()[0]
+
+
+def test_one_child_runs_many_waits_on_its_kept_connection(ddb: psycopg.Connection[Any],
+                                                           supervise: Any) -> None:
+    """One child, twelve jobs each waiting then resumed: the statements its kept step
+    connection prepared (after five runs of one) stay valid across its attempts (a reset that
+    dropped them under psycopg's cache failed the fourth job: "_pg3_0 does not exist")."""
+    supervise(queues=("durable",), app=APP, concurrency=1)
+    for n in range(12):
+        job_id = _wait_job(ddb, f"many-{n}")
+        ddb.commit()
+        row = wait_for(lambda: (r := job_row(ddb, job_id))  # noqa: B023 - waited here
+                       and (r["suspended_for"] or r["state"] == "dead") and r,
+                       message=f"job {n} to wait")
+        assert row["state"] != "dead", row["errors"]
+        atlantis.send_event(ddb, job_id, "approved", n)
+        ddb.commit()
+        row = wait_state(ddb, job_id, "complete", "dead")
+        assert (row["state"], row["result"]) == ("complete", n), row["errors"]

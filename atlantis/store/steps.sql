@@ -17,8 +17,12 @@ SELECT wake, due FROM atlantis.step_sleep(%(job_id)s, %(run_id)s, %(name)s,
 
 -- name: step_session_reset
 -- A child's step connection between two attempts: whatever an attempt's code set on the
--- session (settings, a role, temporary tables, prepared statements) is not the next one's.
-DISCARD ALL
+-- session (settings, a role, temporary tables, sequences' state, LISTENs, advisory locks,
+-- cursors) is not the next one's. What DISCARD ALL does, but DEALLOCATE ALL: the statements
+-- psycopg prepared stay valid (DISCARD ALL dropped them under its cache, which then named a
+-- statement the server no longer had). Several commands: sent without parameters, in one
+-- simple query.
+RESET ALL; RESET SESSION AUTHORIZATION; DISCARD TEMP; DISCARD SEQUENCES; UNLISTEN *; SELECT pg_advisory_unlock_all(); CLOSE ALL
 
 -- name: step_clear
 SELECT atlantis.clear_steps(%(job_id)s)
