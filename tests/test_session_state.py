@@ -47,6 +47,12 @@ SQL_FILES = sorted((PACKAGE / "store").glob("*.sql")) + sorted(
 #: console's), never on a pooled one.
 LISTEN_QUERIES = {"listen", "console_listen"}
 
+#: Named queries whose purpose is to reset a session: ``step_session_reset`` clears what an
+#: attempt's handler left on its child's step connection before the child's next attempt
+#: (RESET ALL, UNLISTEN *, pg_advisory_unlock_all, ...). It leaves no state behind; through
+#: a pooler it resets whichever server connection it runs on, as PgBouncer's own reset does.
+RESET_QUERIES = {"step_session_reset"}
+
 #: Tokens after which a word starts a statement (SQL, and PL/pgSQL bodies).
 _STARTERS = {";", "BEGIN", "THEN", "ELSE", "LOOP", "DO"}
 #: ``SET`` followed by these is transaction-scoped.
@@ -256,6 +262,8 @@ def findings() -> list[Finding]:
     for path in SQL_FILES:
         rel = path.relative_to(ROOT)
         for name, text in _sql_sections(path):
+            if name in RESET_QUERIES:
+                continue
             found += scan(text, f"{rel}{f' ({name})' if name else ''}", query=name)
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(ROOT)
@@ -344,3 +352,11 @@ def test_statements_run_from_python_are_read_in_any_case() -> None:
     found = [t for _, t, statement in _python_strings(tree) if statement]
     assert found == ["set statement_timeout = 0"]
     assert list(scan(found[0], "x.py:1", case_sensitive=False))
+
+
+def test_the_reset_queries_are_named_queries_that_reset() -> None:
+    """The exemption covers only statements that undo session state, by name."""
+    sections = {name: text for path in SQL_FILES for name, text in _sql_sections(path)}
+    for name in RESET_QUERIES:
+        body = sections[name]
+        assert "RESET ALL" in body and list(scan(body, name, query=name))
