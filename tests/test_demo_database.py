@@ -8,47 +8,20 @@ demos start there is stopped by the pid in its ``postmaster.pid``.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import psycopg
-import pytest
 
-from atlantis import environ
 from examples.demo_db import DEMO_DATABASE
-from tests.conftest import BIN, ROOT
-
-
-@pytest.fixture
-def home() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="atl-d", dir="/tmp"))
-    yield folder
-    for pidfile in folder.rglob("postmaster.pid"):
-        try:
-            server = psutil.Process(int(pidfile.read_text().split()[0]))
-            server.send_signal(signal.SIGINT)  # fast shutdown
-            server.wait(30)
-        except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
-            pass
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATLANTIS_", "PG"))}
-    env[environ.HOME] = str(home)
-    return env
+from tests.conftest import BIN
+from tests.demo_home import home as home  # the fixture
+from tests.demo_home import run_in
 
 
 def _run(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, env=_env(home), capture_output=True, text=True,
-                          timeout=180, check=False)
+    return run_in(home, argv)
 
 
 def test_the_demos_leave_the_default_database_alone(home: Path) -> None:

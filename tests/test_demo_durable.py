@@ -14,53 +14,26 @@ demo starts there is stopped by the pid in its ``postmaster.pid``.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import psycopg
-import pytest
 
-from atlantis import environ
 from examples.contacts.crm import expected_contacts
 from examples.contacts.durable import JOB
 from examples.demo_db import DEMO_DATABASE
 from tests.conftest import BIN, ROOT
+from tests.demo_home import home as home  # the fixture
+from tests.demo_home import run_in
 
 ACCOUNT = "initech"
 PAGES = -(-expected_contacts(ACCOUNT) // 100)
 
 
-@pytest.fixture
-def home() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="atl-u", dir="/tmp"))
-    yield folder
-    for pidfile in folder.rglob("postmaster.pid"):
-        try:
-            server = psutil.Process(int(pidfile.read_text().split()[0]))
-            server.send_signal(signal.SIGINT)  # fast shutdown
-            server.wait(30)
-        except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
-            pass
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATLANTIS_", "PG"))}
-    env[environ.HOME] = str(home)
-    return env
-
-
 def _run(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, env=_env(home), capture_output=True, text=True,
-                          timeout=240, check=False)
+    return run_in(home, argv)
 
 
 def test_scripts_demo_dispatches_durable_to_the_durable_demo() -> None:
