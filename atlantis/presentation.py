@@ -95,10 +95,12 @@ def handler_steps_document(summary: steps.StepSummary,
                                 else None)}
 
 
-def read_handler_steps(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
-    """:func:`handler_steps_document` of job ``job_id``, read (two short statements)."""
-    return handler_steps_document(steps.step_summary(conn, job_id, LAST_STEPS),
-                                  steps.suspension(conn, job_id))
+def read_handler_steps(conn: psycopg.Connection[Any], job: JobRow) -> dict[str, Any]:
+    """:func:`handler_steps_document` of ``job``: its records' summary read (one statement),
+    its suspension taken from the row (``suspended_for`` and ``run_at``, while available)."""
+    asleep = (steps.Suspension(job.suspended_for, job.run_at)
+              if job.state == "available" and job.suspended_for else None)
+    return handler_steps_document(steps.step_summary(conn, job.id, LAST_STEPS), asleep)
 
 
 def step_document(row: steps.StepRow) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
         row = job_or_fail(conn, job_id)
         attempts = admin.job_attempts(conn, job_id)
         held = _held(conn, row)
-        handler_steps = read_handler_steps(conn, job_id)
+        handler_steps = read_handler_steps(conn, row)
     if as_json:
         doc = job_document(row)
         doc["attempts"] = [as_dict(a) for a in attempts]
@@ -102,7 +102,7 @@ def job_watch(ctx: click.Context, job_id: int, interval: str) -> None:
             row = job_or_fail(conn, job_id)
             text = render.status_text(row, admin.job_attempts(conn, job_id),
                                       held=_held(conn, row),
-                                      steps=read_handler_steps(conn, job_id))
+                                      steps=read_handler_steps(conn, row))
             if tty and previous:
                 click.echo(f"\x1b[{previous}F\x1b[J", nl=False)
             click.echo(text)

@@ -118,7 +118,7 @@ def job_page_doc(conn: Conn, row: admin.JobRow, keys: frozenset[str],
     :func:`job_doc` and the job's handler steps (``handler_steps``, ``suspended_for``,
     ``suspended_until``: ``tide job status --json``'s). Not in listings: a query more."""
     doc = job_doc(row, keys, attempts)
-    doc.update(read_handler_steps(conn, row.id))
+    doc.update(read_handler_steps(conn, row))
     return doc
 
 

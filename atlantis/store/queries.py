@@ -110,7 +110,6 @@ class Queries:
     step_session_reset: LiteralString
     step_list: LiteralString
     step_summary: LiteralString
-    step_suspension: LiteralString
     queue_asleep: LiteralString
     # events.sql (issue 35: events sent to jobs, a handler's wait for one)
     event_send: LiteralString

@@ -226,11 +226,6 @@ class Suspension:
     until: datetime
 
 
-def suspension(conn: psycopg.Connection[Any], job_id: int) -> Suspension | None:
-    """The job's suspension while it is ``available`` and suspended; None otherwise."""
-    return one_row(conn, Suspension, Q.step_suspension, {"job_id": job_id})
-
-
 def clear(conn: psycopg.Connection[Any], job_id: int) -> int:
     row = conn.execute(Q.step_clear, {"job_id": job_id}).fetchone()
     return int(row[0]) if row is not None else 0

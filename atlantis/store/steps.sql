@@ -53,10 +53,3 @@ SELECT count(*) AS records, coalesce(sum(bytes), 0)::bigint AS bytes,
                 '[]'::jsonb) AS last
   FROM atlantis.job_steps
  WHERE job_id = %(job_id)s
-
--- name: step_suspension
--- What a suspended job waits for (its suspended_for: `sleep:<step>`) and until when (its
--- run_at), while it is `available`; no row otherwise (`tide job status`, the console).
-SELECT suspended_for, run_at AS until
-  FROM atlantis.jobs
- WHERE id = %(job_id)s AND state = 'available' AND suspended_for IS NOT NULL
