@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from atlantis.enqueue import enqueue, enqueue_async, enqueue_many, enqueue_many_async
     from atlantis.errors import (
         AtlantisError,
+        ChildFailed,
         ConfigurationError,
         DeclarationError,
         Discard,
@@ -65,6 +66,7 @@ _HOMES: dict[str, str] = {
     "ConfigurationError": "atlantis.errors",
     "DeclarationError": "atlantis.errors",
     "Discard": "atlantis.errors",
+    "ChildFailed": "atlantis.errors",
     "EventTimeout": "atlantis.errors",
     "JobEndedError": "atlantis.errors",
     "JobNotFoundError": "atlantis.errors",
@@ -100,6 +102,7 @@ __all__ = [
     "ConfigurationError",
     "DeclarationError",
     "Discard",
+    "ChildFailed",
     "EventTimeout",
     "JobContext",
     "JobEndedError",

@@ -6,7 +6,7 @@ import logging
 import math
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -174,6 +174,23 @@ class JobContext:
 
         return self._book().wait_for_event(name, event, event_timeout(timeout))
 
+    def spawn(self, name: str, job: str, args: Mapping[str, Any] | None = None,
+              **options: Any) -> int:
+        """Enqueue job ``job`` with ``args`` as a child of this job, exactly once across its
+        runs (the enqueue commits with the step's record, fenced on this run), and return
+        its id. ``options`` are :func:`atlantis.enqueue`'s (``delay``, ``run_at``,
+        ``priority``, ``queue``). A ``unique`` job whose key a waiting or running job holds
+        returns that job's id, recorded as such and not made a child."""
+        return int(self._book().spawn(name, job, args, options))
+
+    def join(self, name: str, ids: Iterable[int], results: bool = True) -> list[Any]:
+        """Wait durably until every job of ``ids`` has ended, and return their results in
+        that order (``results=False``: their end states). While some have not, the run ends
+        as :meth:`sleep` ends it, and the last child's end wakes it. A job that ended
+        ``dead`` or ``cancelled`` raises :class:`atlantis.ChildFailed`, naming which and
+        why. Caps: 100,000 jobs, and 16 MiB of results (past it, ``results=False``)."""
+        return list(self._book().join(name, ids, results))
+
     def checkpoint(self, pct: float, msg: str = "") -> Exception | None:
         """Report progress; never raises. Returns the error that kept it from being sent."""
         try:
@@ -244,6 +261,17 @@ class AsyncJobContext(JobContext):
         from atlantis.steps import event_timeout
 
         return await self._book().wait_for_event(name, event, event_timeout(timeout))
+
+
+    async def spawn(self, name: str, job: str,  # type: ignore[override]
+                    args: Mapping[str, Any] | None = None, **options: Any) -> int:
+        """As :meth:`JobContext.spawn`."""
+        return int(await self._book().spawn(name, job, args, options))
+
+    async def join(self, name: str, ids: Iterable[int],  # type: ignore[override]
+                   results: bool = True) -> list[Any]:
+        """As :meth:`JobContext.join`."""
+        return list(await self._book().join(name, ids, results))
 
 
 def checkpoint(ctx: JobContext, pct: float, msg: str = "") -> Exception | None:

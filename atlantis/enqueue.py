@@ -299,6 +299,15 @@ def translate(exc: psycopg.Error) -> BaseException:
     return exc
 
 
+def one_params(job: str, args: Mapping[str, Any] | None,
+               options: EnqueueOptions) -> dict[str, Any]:
+    """The checked parameters of one enqueue (``args``: one JSON value), for a statement of
+    atlantis's own that enqueues in SQL (``ctx.spawn``)."""
+    params = _params(job, [args or {}], options)
+    params["args"] = params["args"][0]
+    return params
+
+
 def _ids(row: tuple[Any, ...] | None) -> list[int]:
     assert row is not None
     return list(row[0])

@@ -97,5 +97,14 @@ class EventTimeout(AtlantisError):  # noqa: N818 - the name is part of the publi
     before an event of that name was sent to the job."""
 
 
+class ChildFailed(AtlantisError):  # noqa: N818 - the name is part of the public API
+    """``ctx.join`` found jobs it waited for that ended ``dead`` or ``cancelled``.
+    ``failed`` lists them, ``(id, state, last error)``, in the order the join was given."""
+
+    def __init__(self, message: str, failed: list[tuple[int, str, str | None]]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
 class JobEndedError(AtlantisError):
     """The job has ended (complete, dead or cancelled): an event can no longer reach it."""

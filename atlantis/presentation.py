@@ -78,21 +78,23 @@ def log_document(line: LogLine, *, job_id: int | None = None) -> dict[str, Any]:
     return doc
 
 
-def handler_steps_document(summary: steps.StepSummary,
-                           asleep: steps.Suspension | None) -> dict[str, Any]:
+def handler_steps_document(summary: steps.StepSummary, asleep: steps.Suspension | None,
+                           children: dict[str, int] | None = None) -> dict[str, Any]:
     """A job's handler steps, the fields ``tide job status --json`` and the console's job
     add: ``handler_steps`` (``{"records", "bytes", "last": [{"name", "kind", "bytes",
     "at"}]}``, the last few records oldest first), ``suspended_for`` (what an ``available``
     job that suspended itself waits for: ``sleep:<step>``; null otherwise) and
     ``suspended_until`` (when it runs again: its ``run_at``; null unless suspended, and for
-    a wait for an event with no deadline)."""
+    a wait for an event with no deadline), and ``children``: the jobs its handler spawned
+    (``ctx.spawn``) by state (``{}`` when it has none)."""
     last = [{"name": r.get("name"), "kind": r.get("kind"), "bytes": r.get("bytes"),
              "at": _instant(r.get("at"))} for r in summary.last if isinstance(r, dict)]
     return {"handler_steps": {"records": summary.records, "bytes": summary.bytes,
                               "last": last},
             "suspended_for": asleep.suspended_for if asleep is not None else None,
             "suspended_until": (asleep.until if asleep is not None and asleep.until.year < 9999
-                                else None)}
+                                else None),
+            "children": dict(children or {})}
 
 
 def read_handler_steps(conn: psycopg.Connection[Any], job: JobRow) -> dict[str, Any]:
@@ -100,7 +102,8 @@ def read_handler_steps(conn: psycopg.Connection[Any], job: JobRow) -> dict[str, 
     its suspension taken from the row (``suspended_for`` and ``run_at``, while available)."""
     asleep = (steps.Suspension(job.suspended_for, job.run_at)
               if job.state == "available" and job.suspended_for else None)
-    return handler_steps_document(steps.step_summary(conn, job.id, LAST_STEPS), asleep)
+    return handler_steps_document(steps.step_summary(conn, job.id, LAST_STEPS), asleep,
+                                  steps.children(conn, job.id))
 
 
 def step_document(row: steps.StepRow) -> dict[str, Any]:
@@ -121,12 +124,15 @@ def sleep_step(suspended_for: str | None) -> str | None:
 def suspension_text(suspended_for: str) -> tuple[str, str]:
     """What a suspended job waits for, as a person reads it: ``("asleep", "in handler step
     nap")`` for ``sleep:nap``; ``("waiting", "for event approved")`` for ``event:approved``;
-    ``("suspended", "for <what>")`` for anything else."""
+    ``("waiting", "for the jobs of join all to end")`` for ``join:all``; ``("suspended",
+    "for <what>")`` for anything else."""
     step = sleep_step(suspended_for)
     if step is not None:
         return "asleep", f"in handler step {step}"
     if suspended_for.startswith("event:"):
         return "waiting", f"for event {suspended_for[len('event:'):]}"
+    if suspended_for.startswith("join:"):
+        return "waiting", f"for the jobs of join {suspended_for[len('join:'):]} to end"
     return "suspended", f"for {suspended_for}"
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 _MISSING: Any = object()
 _METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep",
-            "event": "wait_for_event"}  # by kind
+            "event": "wait_for_event", "spawn": "spawn", "join": "join"}  # by kind
 
 
 def check_name(name: object) -> str:
@@ -180,6 +180,23 @@ class _Rules:
                              "atlantis's step functions; grant it atlantis_enqueuer")
         return exc
 
+    def refused(self, exc: BaseException, name: str) -> BaseException:
+        """A spawn's or a join's database error: a lost lease or another database as
+        :meth:`fail`, else what :func:`atlantis.children.refused` makes of it."""
+        from atlantis import children
+
+        got = self.fail(exc, name)
+        return children.refused(name, exc) if got is exc else got
+
+    def joined(self, name: str, rows: list[tuple[Any, ...]], results: bool) -> list[Any]:
+        """A join's end: what it returns, or the run suspended until its jobs have ended."""
+        from atlantis import children
+
+        got = children.joined(name, rows, results)
+        if got is None:
+            raise self.suspend(name, children.FOREVER, f"join:{name}")
+        return got
+
     def unknown_commit(self, name: str, exc: BaseException) -> BaseException:
         self.stop = StepError(f"transaction step {name!r}: the connection failed during "
                               f"COMMIT, so whether it committed is unknown ({exc}); the "
@@ -312,6 +329,41 @@ class StepBook(_Rules):
         except psycopg.Error as exc:
             raise self.fail(exc, key) from exc
         return self.waited(key, event, got)
+
+    def spawn(self, name: object, job: object, args: object, options: dict[str, Any]) -> int:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = self._open(key)
+        value = self.recorded(key, "spawn")
+        if value is not _MISSING:
+            return children.spawned(value)
+        params = children.spawn_params(key, job, args, options)
+        try:
+            child, fresh = store.spawn(conn, self.fence, key, params)
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        self.wrote(key, "spawn", orjson.dumps({"job": child, "child": fresh}).decode())
+        return child
+
+    def join(self, name: object, ids: object, results: bool) -> list[Any]:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = self._open(key)
+        self.recorded(key, "join")  # refuses a name recorded as another kind
+        wanted = children.job_ids(key, ids)
+        try:
+            rows = store.join(conn, self.fence, key, wanted, bool(results))
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        return self.joined(key, rows, bool(results))
 
     def close(self) -> None:
         """The attempt ended: its connection is kept for this process's next attempt."""

@@ -138,6 +138,42 @@ class AsyncStepBook(_Rules):
             raise self.fail(exc, key) from exc
         return self.waited(key, event, got)
 
+    async def spawn(self, name: object, job: object, args: object,
+                    options: dict[str, Any]) -> int:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "spawn")
+        if value is not _MISSING:
+            return children.spawned(value)
+        params = children.spawn_params(key, job, args, options)
+        try:
+            child, fresh = await store.spawn_async(conn, self.fence, key, params)
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        self.wrote(key, "spawn", orjson.dumps({"job": child, "child": fresh}).decode())
+        return child
+
+    async def join(self, name: object, ids: object, results: bool) -> list[Any]:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        self.recorded(key, "join")
+        wanted = children.job_ids(key, ids)
+        try:
+            rows = await store.join_async(conn, self.fence, key, wanted, bool(results))
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        return self.joined(key, rows, bool(results))
+
     async def aclose(self) -> None:
         if self._conn is not None:
             try:

@@ -44,7 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("protocol",),
     ("declarations",),
     ("store",),
-    ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "steps_async",
+    ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "steps_async", "children",
      "progress", "app", "presentation"),
     ("child",),
     ("keeper",),  # the lease keeper: the child's tree-killing, run by a process of its own

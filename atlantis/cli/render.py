@@ -122,6 +122,10 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
         add("held", click.style(safe(held), fg="yellow"))
     if steps is not None and steps.get("suspended_for") and job.state == "available":
         add(*suspension_line(steps["suspended_for"], steps["suspended_until"], now))
+    if job.parent_id is not None:
+        add("parent", f"job {job.parent_id}  (tide job status {job.parent_id})")
+    if steps is not None and steps.get("children"):
+        add("children", children_text(steps["children"]))
     if job.workflow_id is not None:
         role = "compensation of step" if job.compensation else "step"
         add("workflow", f"{job.workflow_id}  {role} {safe(job.step or '?')}  "
@@ -193,6 +197,14 @@ def _lease_lines(job: JobRow) -> list[tuple[str, str]]:
     note = f"{quiet} {what}; stalled after {short_duration(job.stall_after)}"
     out.append(("checkpoint", click.style(note, fg="red") if job.stalled else note))
     return out
+
+
+def children_text(by_state: dict[str, int]) -> str:
+    """A job's children by state, waiting first: ``2 running, 5 complete``."""
+    order = ("available", "running", "complete", "dead", "cancelled")
+    names = {"available": "waiting"}
+    parts = [f"{by_state[s]} {names.get(s, s)}" for s in order if by_state.get(s)]
+    return ", ".join(parts) + f"  ({sum(by_state.values())} in all)"
 
 
 def suspension_line(suspended_for: str, until: datetime | None,

@@ -1,4 +1,5 @@
-"""The console's writes (retry, cancel, delete; one job or in bulk), audited."""
+"""The console's writes (retry, cancel, delete; one job or in bulk; an event sent to a job),
+audited."""
 
 from __future__ import annotations
 
@@ -20,8 +21,15 @@ from atlantis.console.common import (
     error,
     job_filter,
     settings_of,
+    text_param,
 )
-from atlantis.errors import JobNotFoundError, UniqueKeyTakenError, WorkflowStateError
+from atlantis.errors import (
+    JobEndedError,
+    JobNotFoundError,
+    UniqueKeyTakenError,
+    ValidationError,
+    WorkflowStateError,
+)
 from atlantis.store import admin
 from atlantis.store import console_queries as store
 
@@ -108,6 +116,84 @@ async def do_action(request: Request, who: Principal, action: str, job_id: int) 
     await record_audit(request, who, action, str(job_id),
                        str(result.get("state", "deleted")))
     return result
+
+
+# -- events ------------------------------------------------------------------------------------
+
+#: The longest name an event may have (``atlantis.send_event``'s own limit).
+EVENT_NAME_MAX = 200
+NUL_IN_PAYLOAD = ("payload: contains a NUL character (\\u0000), which PostgreSQL cannot "
+                  "store")
+
+
+def event_name(value: Any) -> str:
+    """The ``event`` of a body or a form: a name of 1 to 200 characters."""
+    if value is None or value == "":
+        raise ApiError(400, "event: missing (the name of the event to send)")
+    name = text_param(value, "event")
+    if len(name) > EVENT_NAME_MAX:
+        raise ApiError(400, f"event: at most {EVENT_NAME_MAX} characters, not {len(name)}")
+    return name
+
+
+def form_payload(raw: str) -> Any:
+    """The job page's ``payload``: JSON text, as ``tide job send-event --payload`` takes it
+    (nothing but blanks: no payload)."""
+    if not raw.strip():
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"payload: not JSON ({exc})") from None
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a NUL character stands anywhere in a JSON value, keys included (jsonb cannot
+    store one). A loop, not recursion: a payload may be nested 1024 deep."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+async def do_send_event(request: Request, who: Principal, job_id: int, event: str,
+                        payload: Any) -> dict[str, Any]:
+    """Send ``event`` (with ``payload``, any JSON value, None for none) to one job, recorded
+    in the audit table as ``send-event``: ``sent EVENT``, or ``refused: ...`` when the
+    database refused it (the job has ended: 409; too large a payload, too many pending: 400).
+    """
+    if _has_nul(payload):
+        raise ApiError(400, NUL_IN_PAYLOAD)
+    by = recorded_by(who)
+
+    def run(conn: psycopg.Connection[Any]) -> int:
+        try:
+            return operations.send_event(conn, job_id, event, payload, by=by)
+        except JobNotFoundError:
+            raise ApiError(404, f"no job with id {job_id}") from None
+        except JobEndedError as exc:
+            raise ApiError(409, str(exc)) from None
+        except ValidationError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    try:
+        sent = await db_of(request).run(run)
+    except ApiError as exc:
+        if exc.status != 404:
+            await record_audit(request, who, "send-event", str(job_id),
+                               f"refused: {exc.message}", {"event": event})
+        raise
+    await record_audit(request, who, "send-event", str(job_id), f"sent {event}",
+                       {"event": event, "event_id": sent})
+    return {"id": job_id, "event": event, "event_id": sent}
 
 
 async def do_bulk(request: Request, who: Principal | None, body: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from starlette.routing import Route
 from atlantis import operations
 from atlantis.console.actions import do_action as do_action
 from atlantis.console.actions import do_bulk as do_bulk
+from atlantis.console.actions import do_send_event, event_name, record_audit, recorded_by
 from atlantis.console.actions import handle as handle
-from atlantis.console.actions import record_audit, recorded_by
 from atlantis.console.auth import Principal
 from atlantis.console.common import INT_MAX, json_body
 from atlantis.console.common import KEEPALIVE as KEEPALIVE
@@ -212,6 +212,17 @@ async def delete(request: Request) -> Response:
 
 
 @handle
+async def send_event(request: Request) -> Response:
+    """Body ``{"event": NAME, "payload": JSON}`` (``payload`` optional): the event is kept
+    until the job's handler waits for it; a job that waits for it already is woken."""
+    who = require_write(request)
+    job_id = path_job_id(request)
+    body = await json_body(request)
+    event = event_name(body.get("event"))
+    return json(await do_send_event(request, who, job_id, event, body.get("payload")))
+
+
+@handle
 async def bulk(request: Request) -> Response:
     body = await json_body(request)
     if body.get("dry_run"):
@@ -322,6 +333,7 @@ routes = [
     Route("/jobs/{job_id}/logs", logs, methods=["GET"]),
     Route("/jobs/{job_id}/retry", retry, methods=["POST"]),
     Route("/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+    Route("/jobs/{job_id}/events", send_event, methods=["POST"]),
     Route("/queues", queues, methods=["GET"]),
     # Any queue name, "/" included: percent-encoded in the path ("reports%2Fdaily"), which
     # the server decodes before routing, so the name runs up to the last "/pause".

@@ -1,5 +1,6 @@
 """The server-rendered pages. Forms post to page routes that share the API's actions
-(:func:`atlantis.console.api.do_action`, ``do_bulk``, ``set_paused``), then redirect.
+(:func:`atlantis.console.api.do_action`, ``do_bulk``, ``set_paused``, ``do_send_event``), then
+redirect.
 
 Handler-controlled text (progress messages, errors, logs, args) only ever reaches a page
 through Jinja's autoescaping or, live, through ``textContent`` in ``static/console.js``.
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 from atlantis import environ
 from atlantis.console import api
+from atlantis.console.actions import do_send_event, event_name, form_payload
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
 from atlantis.console.data import job_doc, job_page_doc, redact_held, sparkline
@@ -178,7 +180,10 @@ async def job(request: Request, who: Principal) -> Response:
         raise ApiError(404, f"no job with id {job_id}")
     doc, logs = found
     history = [float(h.get("pct", 0)) for h in doc["progress_history"] if isinstance(h, dict)]
-    return render(request, "job.html", who=who, job=doc, logs=logs, history=history)
+    sent = request.query_params.get("event_sent", "")  # after the Send event form
+    return render(request, "job.html", who=who, job=doc, logs=logs, history=history,
+                  event_sent=sent if sent.isascii() and sent.isdigit() and len(sent) < 20
+                  else None)
 
 
 @page
@@ -232,6 +237,20 @@ async def job_action(request: Request, who: Principal) -> Response:
     job_id = api.path_job_id(request)
     await api.do_action(request, writer, action, job_id)
     return RedirectResponse(_back("/jobs" if action == "delete" else f"/jobs/{job_id}", form),
+                            303)
+
+
+@page
+async def job_event(request: Request, who: Principal) -> Response:
+    """``POST /jobs/{id}/events``, the job page's form: ``event`` (its name) and ``payload``
+    (JSON text; empty: none); then back to the job's page, which says the event was sent."""
+    form = await _form(request)
+    writer = api.require_write(request, form.get(CSRF_FIELD, ""))
+    job_id = api.path_job_id(request)
+    event = event_name(form.get("event"))
+    sent = await do_send_event(request, writer, job_id, event,
+                               form_payload(form.get("payload", "")))
+    return RedirectResponse(f"/jobs/{job_id}?" + urlencode({"event_sent": sent["event_id"]}),
                             303)
 
 
@@ -320,6 +339,7 @@ routes = [
     Route("/jobs", jobs),
     Route("/jobs/bulk", bulk, methods=["POST"]),
     Route("/jobs/{job_id}", job),
+    Route("/jobs/{job_id}/events", job_event, methods=["POST"]),
     Route("/jobs/{job_id}/{action}", job_action, methods=["POST"]),
     Route("/dlq", dlq),
     Route("/queues", queues),

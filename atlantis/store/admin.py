@@ -93,7 +93,11 @@ class JobRow:
     (migration 0026); None before its first claim."""
     suspended_for: str | None
     """What it waits for (``sleep:<step>``) while ``available`` after a durable sleep; it
-    runs again at ``run_at`` (migration 0026)."""
+    runs again at ``run_at`` (migration 0026); ``event:<event>`` while it waits for an
+    event, ``join:<step>`` while it waits for the jobs it joined (migrations 0027, 0028)."""
+    parent_id: int | None
+    """The job whose handler spawned this one (``ctx.spawn``, migration 0028); None for a
+    job enqueued otherwise."""
     stall_after: float
     stalled: bool
     db_now: datetime

@@ -124,7 +124,10 @@ _STEP_FUNCTIONS: LiteralString = (
     "atlantis.step_fence(bigint, uuid), atlantis.step_records(bigint, uuid),"
     " atlantis.record_step(bigint, uuid, text, text, jsonb, int),"
     " atlantis.step_sleep(bigint, uuid, text, double precision, timestamp with time zone, int),"
-    " atlantis.step_wait_event(bigint, uuid, text, text, double precision, int)"
+    " atlantis.step_wait_event(bigint, uuid, text, text, double precision, int),"
+    " atlantis.step_spawn(bigint, uuid, text, int, text, jsonb, timestamp with time zone, int,"
+    " text, interval, jsonb),"
+    " atlantis.step_join(bigint, uuid, text, int, bigint[], boolean)"
 )
 _GRANTS: dict[str, LiteralString] = {
     # Enqueue and cancel, nothing else: no right on any table.

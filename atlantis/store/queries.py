@@ -115,6 +115,12 @@ class Queries:
     event_send: LiteralString
     step_wait_event: LiteralString
     event_sweep: LiteralString
+    # children.sql (issue 35: a handler's spawn and join, operators' reads)
+    step_spawn: LiteralString
+    step_join: LiteralString
+    join_sweep: LiteralString
+    job_children: LiteralString
+    job_children_list: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -147,7 +153,7 @@ def _compact(body: str) -> str:
 def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
-             "workflows.sql", "steps.sql", "events.sql")
+             "workflows.sql", "steps.sql", "events.sql", "children.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 

@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0027) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0028) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -32,6 +32,15 @@ CREATE TYPE atlantis.limit_row AS (
 --
 
 CREATE FUNCTION atlantis.cancel(job_id bigint, by text DEFAULT CURRENT_USER) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: cancel_children(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.cancel_children() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -121,6 +130,15 @@ CREATE FUNCTION atlantis.check_args(decl atlantis.job_types, args jsonb) RETURNS
 
 CREATE FUNCTION atlantis.check_field(job text, fname text, ftype text, flen integer, is_array boolean, v jsonb, scan boolean) RETURNS void
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: child_ended(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.child_ended() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -259,6 +277,24 @@ CREATE FUNCTION atlantis.fast_field_check(ftype text, flen integer, v text) RETU
 
 CREATE FUNCTION atlantis.job_type(job_name text) RETURNS atlantis.job_types
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: join_ready(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.join_ready(job_id bigint, name text) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: join_sweep(integer); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.join_sweep(n integer) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -465,6 +501,14 @@ CREATE FUNCTION atlantis.out_of_attempts(attempt integer, max_attempts integer) 
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: parent_live(bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.parent_live(parent_id bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: pause(text, text, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -655,6 +699,7 @@ CREATE TABLE atlantis.jobs (
     trace_context jsonb,
     run_id uuid,
     suspended_for text,
+    parent_id bigint,
     CONSTRAINT jobs_attempt_check CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_compensation_check CHECK (((NOT compensation) OR (workflow_id IS NOT NULL))),
     CONSTRAINT jobs_error_count_check CHECK ((error_count >= 0)),
@@ -718,6 +763,15 @@ CREATE FUNCTION atlantis.step_fence(job_id bigint, run_id uuid) RETURNS void
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: step_join(bigint, uuid, text, integer, bigint[], boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_join(job_id bigint, run_id uuid, name text, attempt integer, ids bigint[], results boolean) RETURNS TABLE(id bigint, state text, result text, error text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: step_records(bigint, uuid); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -731,6 +785,15 @@ CREATE FUNCTION atlantis.step_records(job_id bigint, run_id uuid) RETURNS TABLE(
 --
 
 CREATE FUNCTION atlantis.step_sleep(job_id bigint, run_id uuid, name text, seconds double precision, until timestamp with time zone, attempt integer) RETURNS TABLE(wake timestamp with time zone, due boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: step_spawn(bigint, uuid, text, integer, text, jsonb, timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_spawn(job_id bigint, run_id uuid, name text, attempt integer, job_name text, args jsonb, run_at timestamp with time zone, priority integer, queue text, delay interval, trace_context jsonb) RETURNS TABLE(child bigint, fresh boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -758,6 +821,15 @@ CREATE FUNCTION atlantis.type_mismatch(ftype text, flen integer, v jsonb) RETURN
 
 CREATE FUNCTION atlantis.unique_key(decl atlantis.job_types, args jsonb) RETURNS text
     LANGUAGE plpgsql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: wait_check(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.wait_check() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -1055,7 +1127,8 @@ CREATE VIEW atlantis.job_rows AS
     limit_group,
     trace_context,
     run_id,
-    suspended_for
+    suspended_for,
+    parent_id
    FROM atlantis.jobs j;
 
 --
@@ -1072,7 +1145,7 @@ CREATE TABLE atlantis.job_steps (
     attempt integer NOT NULL,
     recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT job_steps_bytes_check CHECK ((bytes >= 0)),
-    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'event'::text]))),
+    CONSTRAINT job_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'event'::text, 'spawn'::text, 'join'::text]))),
     CONSTRAINT job_steps_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200)))
 );
 
@@ -1415,6 +1488,12 @@ CREATE INDEX console_audit_at_idx ON atlantis.console_audit USING btree (at DESC
 CREATE INDEX job_events_pending_idx ON atlantis.job_events USING btree (job_id, event, id) WHERE (consumed_at IS NULL);
 
 --
+-- Name: jobs_children_idx; Type: INDEX; Schema: atlantis; Owner: -
+--
+
+CREATE INDEX jobs_children_idx ON atlantis.jobs USING btree (parent_id, state) WHERE (parent_id IS NOT NULL);
+
+--
 -- Name: jobs_fetch_free_idx; Type: INDEX; Schema: atlantis; Owner: -
 --
 
@@ -1529,6 +1608,18 @@ CREATE UNIQUE INDEX workflow_instances_unique_idx ON atlantis.workflow_instances
 CREATE STATISTICS atlantis.jobs_state_queue_stats (mcv) ON queue, state FROM atlantis.jobs;
 
 --
+-- Name: jobs jobs_cancel_children; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_cancel_children AFTER UPDATE OF state, cancel_requested_at ON atlantis.jobs FOR EACH ROW WHEN ((((new.state = 'cancelled'::text) AND (old.state <> 'cancelled'::text)) OR ((new.cancel_requested_at IS NOT NULL) AND (old.cancel_requested_at IS NULL)))) EXECUTE FUNCTION atlantis.cancel_children();
+
+--
+-- Name: jobs jobs_child_end; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_child_end AFTER UPDATE OF state ON atlantis.jobs FOR EACH ROW WHEN (((new.parent_id IS NOT NULL) AND (old.state = ANY (ARRAY['available'::text, 'running'::text])) AND (new.state = ANY (ARRAY['complete'::text, 'dead'::text, 'cancelled'::text])))) EXECUTE FUNCTION atlantis.child_ended();
+
+--
 -- Name: jobs jobs_limit_claim; Type: TRIGGER; Schema: atlantis; Owner: -
 --
 
@@ -1545,6 +1636,12 @@ CREATE TRIGGER jobs_next_run BEFORE UPDATE OF state ON atlantis.jobs FOR EACH RO
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON atlantis.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION atlantis.notify_inserted();
+
+--
+-- Name: jobs jobs_wait_check; Type: TRIGGER; Schema: atlantis; Owner: -
+--
+
+CREATE TRIGGER jobs_wait_check AFTER UPDATE OF suspended_for ON atlantis.jobs FOR EACH ROW WHEN (((new.state = 'available'::text) AND ((new.suspended_for ~~ 'event:%'::text) OR (new.suspended_for ~~ 'join:%'::text)))) EXECUTE FUNCTION atlantis.wait_check();
 
 --
 -- Name: jobs jobs_workflow_advance; Type: TRIGGER; Schema: atlantis; Owner: -

@@ -188,6 +188,38 @@ async def sleep_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: st
     return row[0], bool(row[1])
 
 
+def spawn(conn: psycopg.Connection[Any], fence: Fence, name: str,
+          params: dict[str, Any]) -> tuple[int, bool]:
+    """A spawn's step (``atlantis.step_spawn``): (the job's id, whether it is a new child)."""
+    row = conn.execute(Q.step_spawn, _params(fence, name=name, **params)).fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
+
+
+async def spawn_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                      params: dict[str, Any]) -> tuple[int, bool]:
+    """:func:`spawn` on an async connection."""
+    cur = await conn.execute(Q.step_spawn, _params(fence, name=name, **params))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
+
+
+def join(conn: psycopg.Connection[Any], fence: Fence, name: str, ids: list[int],
+         results: bool) -> list[tuple[Any, ...]]:
+    """A join's step (``atlantis.step_join``): its rows, the first saying whether every job
+    has ended ('ended', then one row per id) or not ('waiting')."""
+    return conn.execute(Q.step_join, _params(fence, name=name, ids=ids, results=results)
+                        ).fetchall()
+
+
+async def join_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                     ids: list[int], results: bool) -> list[tuple[Any, ...]]:
+    """:func:`join` on an async connection."""
+    cur = await conn.execute(Q.step_join, _params(fence, name=name, ids=ids, results=results))
+    return await cur.fetchall()
+
+
 # ---- operators ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +256,12 @@ class Suspension:
 
     suspended_for: str
     until: datetime
+
+
+def children(conn: psycopg.Connection[Any], job_id: int) -> dict[str, int]:
+    """A job's children (jobs its handler spawned) by state; empty when it has none."""
+    return {str(r[0]): int(r[1])
+            for r in conn.execute(Q.job_children, {"job_id": job_id}).fetchall()}
 
 
 def clear(conn: psycopg.Connection[Any], job_id: int) -> int:

@@ -28,10 +28,25 @@ RESET ALL; RESET SESSION AUTHORIZATION; DISCARD TEMP; DISCARD SEQUENCES; UNLISTE
 SELECT atlantis.clear_steps(%(job_id)s)
 
 -- name: queue_asleep
--- The metrics' jobs asleep (durable sleeps) per served queue, by jobs_suspended_idx.
-SELECT queue, count(*) FROM atlantis.jobs
+-- The metrics of durable waits, per served queue, in one round trip: rows (`what`, queue,
+-- label, count). `suspended`: jobs suspended, labelled with what they wait for (`sleep`,
+-- `event`, `join`: suspended_for up to its colon; by jobs_suspended_idx); `events`: the
+-- events the database keeps for the queue's jobs, `pending` or `delivered`; `children`:
+-- the children (spawned jobs) it keeps, by state (by jobs_children_idx).
+SELECT 'suspended' AS what, queue, split_part(suspended_for, ':', 1) AS label, count(*)
+  FROM atlantis.jobs
  WHERE state = 'available' AND suspended_for IS NOT NULL AND queue = ANY(%(queues)s::text[])
- GROUP BY queue
+ GROUP BY 2, 3
+UNION ALL
+SELECT 'events', j.queue, CASE WHEN e.consumed_at IS NULL THEN 'pending' ELSE 'delivered' END,
+       count(*)
+  FROM atlantis.job_events e JOIN atlantis.jobs j ON j.id = e.job_id
+ WHERE j.queue = ANY(%(queues)s::text[])
+ GROUP BY 2, 3
+UNION ALL
+SELECT 'children', queue, state, count(*) FROM atlantis.jobs
+ WHERE parent_id IS NOT NULL AND queue = ANY(%(queues)s::text[])
+ GROUP BY 2, 3
 
 -- name: step_list
 -- A job's records, oldest first (`tide job steps`, the console).

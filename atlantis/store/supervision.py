@@ -308,6 +308,13 @@ async def event_sweep(db: Connection, batch: int) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+async def join_sweep(db: Connection, batch: int) -> int:
+    """Wake the jobs whose join can go on although no child's end woke them
+    (atlantis.join_sweep). Returns how many it woke."""
+    rows = await db.fetch(Q.join_sweep, {"limit": batch}, timeout=10)
+    return int(rows[0][0]) if rows else 0
+
+
 async def cancel_requests(db: Connection, worker: str) -> list[int]:
     """Jobs running under ``worker`` that an operator asked to cancel."""
     return [job_id for (job_id,) in await db.fetch(Q.cancel_requests, {"worker": worker},

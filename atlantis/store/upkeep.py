@@ -54,10 +54,13 @@ async def queue_gauges(db: Connection, queues: list[str]) -> tuple[int, int]:
     return rows[0][0], rows[0][1]
 
 
-async def queue_asleep(db: Connection, queues: list[str]) -> dict[str, int]:
-    """Per queue of ``queues`` holding any: its jobs suspended by a durable sleep."""
+async def queue_asleep(db: Connection, queues: list[str]
+                       ) -> dict[tuple[str, str, str], int]:
+    """The durable waits of ``queues``: ``(what, queue, label)`` to a count, where ``what``
+    is ``suspended`` (label: what the jobs wait for, ``sleep``, ``event`` or ``join``),
+    ``events`` (label ``pending`` or ``delivered``) or ``children`` (label: their state)."""
     rows = await db.fetch(Q.queue_asleep, {"queues": queues}, timeout=5)
-    return {r[0]: int(r[1]) for r in rows}
+    return {(str(r[0]), str(r[1]), str(r[2])): int(r[3]) for r in rows}
 
 
 async def limit_gauges(db: Connection, queues: list[str]) -> dict[str, tuple[int | None, int]]:

@@ -73,10 +73,34 @@ class Metrics:
         self.asleep = Gauge(
             "atlantis_jobs_asleep", "Jobs of a served queue suspended by a durable sleep "
             "(available, waiting for their wake time).", ["queue"], registry=self.registry)
+        self.waiting = Gauge(
+            "atlantis_jobs_waiting", "Jobs of a served queue suspended until something "
+            "happens: an event (`for` event) or the end of the jobs they joined (`for` join).",
+            ["queue", "for"], registry=self.registry)
+        self.events = Gauge(
+            "atlantis_events", "Events the database keeps for the jobs of a served queue: "
+            "sent and not yet delivered (`pending`) or delivered to a wait (`delivered`).",
+            ["queue", "state"], registry=self.registry)
+        self.child_jobs = Gauge(
+            "atlantis_child_jobs", "Children (jobs a handler spawned) the database keeps in a "
+            "served queue, by state.", ["queue", "state"], registry=self.registry)
         self.database_up.set(1)
         # Labelled series, looked up once: ``labels()`` validates and locks on every call.
         self._ended: dict[tuple[str, str, str], Any] = {}
         self._durations: dict[tuple[str, str], Any] = {}
+
+    def waits_read(self, queues: list[str], found: dict[tuple[str, str, str], int]) -> None:
+        """The durable-wait gauges of ``queues`` from :func:`atlantis.store.upkeep.queue_asleep`
+        (every series of a served queue set, 0 when none was found)."""
+        for queue in queues:
+            self.asleep.labels(queue).set(found.get(("suspended", queue, "sleep"), 0))
+            for waits in ("event", "join"):
+                self.waiting.labels(queue, waits).set(found.get(("suspended", queue, waits), 0))
+            for state in ("pending", "delivered"):
+                self.events.labels(queue, state).set(found.get(("events", queue, state), 0))
+            for state in ("available", "running", "complete", "dead", "cancelled"):
+                self.child_jobs.labels(queue, state).set(
+                    found.get(("children", queue, state), 0))
 
     def steps_recorded(self, queue: str, n: int) -> None:
         self.step_records.labels(queue).inc(n)

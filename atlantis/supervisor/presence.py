@@ -107,8 +107,7 @@ class Presence(Service):
             asleep = await sql.queue_asleep(self.db, list(s.queues))
         except (DatabaseUnavailable, StatementRejected):
             return
-        for queue in s.queues:
-            rt.metrics.asleep.labels(queue).set(asleep.get(queue, 0))
+        rt.metrics.waits_read(list(s.queues), asleep)
 
     async def unregister(self) -> None:
         try:

@@ -5,8 +5,9 @@ Their worker is presumed dead: the attempt counts as failed and the row goes bac
 row of the same job, after the job's backoff (the rule is the statement's, queries.sql). Outcomes of this supervisor still
 waiting to be written come first: rescued, they would be run again. The same tick runs the
 workflow sweep (atlantis.workflow_sweep): workflows past their deadline, the one workflow
-transition that only time finds; and forgets the rate windows that ended
-(atlantis.limit_sweep).
+transition that only time finds; forgets the rate windows that ended
+(atlantis.limit_sweep); and wakes the waits for an event or a join that no send or child's
+end woke (atlantis.event_sweep, atlantis.join_sweep).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Rescue(Service):
             await sql.workflow_sweep(self.db, rt.settings.rescue_batch)
             await sql.limit_sweep(self.db, rt.settings.rescue_batch)  # rate windows ended
             await sql.event_sweep(self.db, rt.settings.rescue_batch)  # events a wait missed
+            await sql.join_sweep(self.db, rt.settings.rescue_batch)  # joins no end woke
         except (DatabaseUnavailable, StatementRejected):
             pass
         for r in rows:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
@@ -184,3 +184,71 @@ def wait(ctx: atlantis.JobContext, args: Any) -> Any:
         raise
     record(ctx, args.key, "received")
     return payload
+
+
+@registry.handler("durable.FanOut")
+def fan_out(ctx: atlantis.JobContext, args: Any) -> Any:
+    ids = []
+    for i in range(args.n):
+        ids.append(ctx.spawn(f"child-{i}", "durable.Child",
+                             {"key": args.key, "i": i, "fail": i == args.fail,
+                              "hold_ms": args.hold_ms}))
+        if args.pause_ms:
+            time.sleep(args.pause_ms / 1000)
+    record(ctx, args.key, f"spawned-{len(ids)}")
+    got = ctx.join("all", ids, results=args.results)
+    record(ctx, args.key, "joined")
+    return sum(got) if args.results else got
+
+
+@registry.handler("durable.Child")
+def child(ctx: atlantis.JobContext, args: Any) -> int:
+    if args.fail:
+        raise atlantis.Discard(f"child {args.i} fails for good")
+    if args.hold_ms:
+        end = time.monotonic() + args.hold_ms / 1000
+        while time.monotonic() < end and not ctx.cancelled:
+            time.sleep(0.02)
+    return int(args.i) * 10
+
+
+@registry.handler("durable.UniqueChild")
+def unique_child(ctx: atlantis.JobContext, args: Any) -> str:
+    return "unique"
+
+
+@registry.handler("durable.SpawnMisuse")
+def spawn_misuse(ctx: atlantis.JobContext, args: Any) -> Any:
+    mode = args.mode
+    if mode == "unknown-job":
+        return ctx.spawn("c", "durable.NoSuchJob", {})
+    if mode == "bad-args":
+        return ctx.spawn("c", "durable.Child", {"key": args.key})  # no `i`
+    if mode == "bad-ids":
+        return ctx.join("j", cast(Any, ["12"]))
+    if mode == "missing-id":
+        return ctx.join("j", [987654321])
+    if mode == "unique":  # an existing job holds the key: its id, not a new child
+        return ctx.spawn("u", "durable.UniqueChild", {"key": args.key})
+    raise ValueError(mode)
+
+
+@registry.handler("durable.AsyncFanOut")
+async def async_fan_out(ctx: atlantis.AsyncJobContext, args: Any) -> Any:
+    ids = [await ctx.spawn(f"c-{i}", "durable.Child", {"key": args.key, "i": i})
+           for i in range(args.n)]
+    return await ctx.join("all", ids)
+
+
+@registry.handler("durable.WaitLimited")
+def wait_limited(ctx: atlantis.JobContext, args: Any) -> Any:
+    record(ctx, args.key, "run")
+    return ctx.wait_for_event("go", "go")
+
+
+@registry.handler("durable.FlowGate")
+def flow_gate(ctx: atlantis.JobContext, args: Any) -> Any:
+    ctx.wait_for_event("gate", "go")
+    ids = [ctx.spawn(f"c-{i}", "durable.Child", {"key": args.key, "i": i + 1})
+           for i in range(2)]
+    return sum(ctx.join("all", ids))

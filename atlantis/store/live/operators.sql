@@ -183,6 +183,7 @@ BEGIN
         DELETE FROM atlantis.jobs j
          WHERE j.id = ANY (delete_finished.ids) AND j.state IN ('complete', 'dead', 'cancelled')
            AND j.workflow_id IS NULL  -- version 17: atlantis.prune_workflows
+           AND NOT atlantis.parent_live(j.parent_id)  -- version 28: children of a live parent
         RETURNING j.id
     ), attempts AS (
         DELETE FROM atlantis.attempts a USING gone WHERE a.job_id = gone.id
@@ -226,6 +227,7 @@ BEGIN
            AND j.state = ANY (states)
            AND j.state IN ('complete', 'cancelled', 'dead')
            AND j.workflow_id IS NULL  -- version 17: a workflow's rows go with it, below
+           AND NOT atlantis.parent_live(j.parent_id)  -- version 28: kept for their parent's join
          ORDER BY j.finished_at
          LIMIT greatest(coalesce(batch, 1000), 1)
            FOR UPDATE SKIP LOCKED

@@ -8,7 +8,7 @@
 
 -- Every column of atlantis.jobs as tide, the listings and the console show it: intervals in
 -- seconds, the stall threshold and whether the job is stalled, the server's clock, the trace
--- context (made by migration 0009; columns appended by 0013, 0017, 0018, 0019 and 0026).
+-- context (made by migration 0009; columns appended by 0013, 0017, 0018, 0019, 0026 and 0028).
 CREATE OR REPLACE VIEW atlantis.job_rows AS
 SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.priority, j.run_at,
        extract(epoch FROM j.timeout)::float8 AS timeout,
@@ -20,7 +20,7 @@ SELECT j.id, j.job, j.queue, j.args, j.state, j.attempt, j.max_attempts, j.prior
        extract(epoch FROM atlantis.stall_after(j.job, j.heartbeat))::float8 AS stall_after,
        atlantis.stalled(j) AS stalled, now() AS db_now, j.run,
        j.workflow_id, j.step, j.compensation, j.result, j.limit_group, j.trace_context,
-       j.run_id, j.suspended_for
+       j.run_id, j.suspended_for, j.parent_id
   FROM atlantis.jobs j;
 
 -- The workflow instances as operators read them (CONTRACT §9; made by migration 0017, the
