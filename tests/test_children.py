@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 import psycopg
+import pytest
 
 import atlantis
 from tests.conftest import events, job_row, run_tide, wait_for, wait_state
@@ -140,7 +141,7 @@ def test_a_unique_child_that_exists_is_recorded_as_that_job_not_as_a_child(
 def test_bad_spawns_and_joins_fail_the_attempt_with_one_clear_line(
         ddb: psycopg.Connection[Any], supervise: Any) -> None:
     jobs = {mode: atlantis.enqueue(ddb, "durable.SpawnMisuse", {"key": mode, "mode": mode})
-            for mode in ("unknown-job", "bad-args", "bad-ids", "missing-id")}
+            for mode in ("unknown-job", "bad-args", "bad-ids", "missing-id", "too-many")}
     ddb.commit()
     _start(supervise)
     errors = {mode: wait_state(ddb, job_id, "dead")["last_error"]
@@ -149,6 +150,7 @@ def test_bad_spawns_and_joins_fail_the_attempt_with_one_clear_line(
     assert "ValidationError" in errors["bad-args"] and "field i is required" in errors["bad-args"]
     assert "StepError" in errors["bad-ids"] and "job ids are ints" in errors["bad-ids"]
     assert "JobNotFoundError" in errors["missing-id"] and "987654321" in errors["missing-id"]
+    assert "more than the 100000 a join may wait for" in errors["too-many"]
     assert ddb.execute("SELECT count(*) FROM atlantis.jobs WHERE parent_id = ANY(%s)",
                        (list(jobs.values()),)).fetchone() == (0,)
 
@@ -207,3 +209,37 @@ def test_events_and_joins_inside_a_workflow_step(ddb: psycopg.Connection[Any],
              message="the workflow to complete")
     assert job_row(ddb, gate)["result"] == 30  # children 1 and 2: 10 + 20
     assert len(_children_ids(ddb, gate)) == 2
+
+
+def test_a_join_past_16_mib_of_results_is_refused_and_results_false_returns_states(
+        ddb: psycopg.Connection[Any]) -> None:
+    """The cap of a join's results, on the SQL function a handler's join calls (a run's
+    claim stood in for by the row's columns: no handler fills 16 MiB in a test)."""
+    parent = atlantis.enqueue(ddb, "durable.FanOut", {"key": "cap", "n": 0})
+    kids = [atlantis.enqueue(ddb, "durable.Child", {"key": "cap", "i": i}) for i in range(17)]
+    run_id = ddb.execute(
+        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'test', "
+        "claimed_until = now() + interval '1 hour', started_at = now(), "
+        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (parent,)).fetchone()[0]  # type: ignore[index]
+    ddb.execute("UPDATE atlantis.jobs SET parent_id = %s, state = 'complete', attempt = 1, "
+                "finished_at = now(), result = to_jsonb(repeat('x', 1024 * 1024)) "
+                "WHERE id = ANY(%s)", (parent, kids))
+    ddb.commit()
+    with pytest.raises(psycopg.Error, match="more than the 16777216 a join returns"):
+        ddb.execute("SELECT * FROM atlantis.step_join(%s, %s, 'all', 1, %s, true)",
+                    (parent, run_id, kids))
+    ddb.rollback()
+    rows = ddb.execute("SELECT id, state FROM atlantis.step_join(%s, %s, 'all', 1, %s, false)",
+                       (parent, run_id, kids)).fetchall()
+    assert rows == [(None, "ended"), *((k, "complete") for k in kids)]
+    ddb.rollback()
+
+
+def test_a_10000_child_fan_out_completes(ddb: psycopg.Connection[Any], supervise: Any) -> None:
+    _start(supervise, concurrency=4)
+    parent = _fan_out(ddb, "ten-thousand", 10_000)
+    row = wait_state(ddb, parent, "complete", timeout=600)
+    assert row["result"] == sum(i * 10 for i in range(10_000))
+    assert ddb.execute(
+        "SELECT count(*), count(DISTINCT args->>'i'), count(*) FILTER (WHERE state = 'complete') "
+        "FROM atlantis.jobs WHERE parent_id = %s", (parent,)).fetchone() == (10_000, 10_000, 10_000)

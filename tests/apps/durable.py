@@ -228,6 +228,8 @@ def spawn_misuse(ctx: atlantis.JobContext, args: Any) -> Any:
         return ctx.join("j", cast(Any, ["12"]))
     if mode == "missing-id":
         return ctx.join("j", [987654321])
+    if mode == "too-many":
+        return ctx.join("j", [1] * 100_001)
     if mode == "unique":  # an existing job holds the key: its id, not a new child
         return ctx.spawn("u", "durable.UniqueChild", {"key": args.key})
     raise ValueError(mode)
