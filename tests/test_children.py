@@ -9,6 +9,8 @@ PostgreSQL, real signals.
 from __future__ import annotations
 
 import signal
+import socket
+import urllib.request
 from typing import Any
 
 import psycopg
@@ -243,3 +245,38 @@ def test_a_10000_child_fan_out_completes(ddb: psycopg.Connection[Any], supervise
     assert ddb.execute(
         "SELECT count(*), count(DISTINCT args->>'i'), count(*) FILTER (WHERE state = 'complete') "
         "FROM atlantis.jobs WHERE parent_id = %s", (parent,)).fetchone() == (10_000, 10_000, 10_000)
+
+
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+def test_the_metrics_count_waits_events_and_children(ddb: psycopg.Connection[Any],
+                                                      supervise: Any) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    supervise("--metrics-port", str(port), "--worker-refresh", "0.3s", queues=("durable",),
+              app=APP, concurrency=4)
+    parent = _fan_out(ddb, "metrics", 2, hold_ms=60_000)
+    waiter = atlantis.enqueue(ddb, "durable.Wait", {"key": "metrics", "event": "approved"})
+    ddb.commit()
+    wait_for(lambda: _joining(ddb, parent) and job_row(ddb, waiter)["suspended_for"],
+             message="a join and a wait")
+    atlantis.send_event(ddb, waiter, "other")  # kept, pending: the job waits for `approved`
+    ddb.commit()
+    want = ['atlantis_jobs_waiting{for="join",queue="durable"} 1.0',
+            'atlantis_jobs_waiting{for="event",queue="durable"} 1.0',
+            'atlantis_events{queue="durable",state="pending"} 1.0',
+            'atlantis_child_jobs{queue="durable",state="running"} 2.0',
+            'atlantis_jobs_asleep{queue="durable"} 0.0']
+    text = wait_for(lambda: (t := _scrape(port)) and all(w in t for w in want) and t,
+                    message="the wait gauges")
+    assert 'atlantis_child_jobs{queue="durable",state="complete"} 0.0' in text
+    atlantis.cancel(ddb, parent)
+    atlantis.cancel(ddb, waiter)
+    ddb.commit()
