@@ -6,10 +6,12 @@ import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -365,3 +367,20 @@ def events(conn: psycopg.Connection[Any], key: str) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT job_id, attempt, event, pid FROM test_events WHERE key = %s ORDER BY id", (key,)
     ).fetchall()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free a moment ago (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def scrape_metrics(port: int) -> str:
+    """The text of a supervisor's /metrics on 127.0.0.1:``port``; "" while it cannot be read."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""

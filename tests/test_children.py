@@ -9,15 +9,21 @@ PostgreSQL, real signals.
 from __future__ import annotations
 
 import signal
-import socket
-import urllib.request
 from typing import Any
 
 import psycopg
 import pytest
 
 import atlantis
-from tests.conftest import events, job_row, run_tide, wait_for, wait_state
+from tests.conftest import (
+    events,
+    free_port,
+    job_row,
+    run_tide,
+    scrape_metrics,
+    wait_for,
+    wait_state,
+)
 
 APP = "tests.apps.durable:registry"
 
@@ -247,19 +253,9 @@ def test_a_10000_child_fan_out_completes(ddb: psycopg.Connection[Any], supervise
         "FROM atlantis.jobs WHERE parent_id = %s", (parent,)).fetchone() == (10_000, 10_000, 10_000)
 
 
-def _scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-    except OSError:
-        return ""
-
-
 def test_the_metrics_count_waits_events_and_children(ddb: psycopg.Connection[Any],
                                                       supervise: Any) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     supervise("--metrics-port", str(port), "--worker-refresh", "0.3s", queues=("durable",),
               app=APP, concurrency=4)
     parent = _fan_out(ddb, "metrics", 2, hold_ms=60_000)
@@ -274,7 +270,7 @@ def test_the_metrics_count_waits_events_and_children(ddb: psycopg.Connection[Any
             'atlantis_events{queue="durable",state="pending"} 1.0',
             'atlantis_child_jobs{queue="durable",state="running"} 2.0',
             'atlantis_jobs_asleep{queue="durable"} 0.0']
-    text = wait_for(lambda: (t := _scrape(port)) and all(w in t for w in want) and t,
+    text = wait_for(lambda: (t := scrape_metrics(port)) and all(w in t for w in want) and t,
                     message="the wait gauges")
     assert 'atlantis_child_jobs{queue="durable",state="complete"} 0.0' in text
     atlantis.cancel(ddb, parent)

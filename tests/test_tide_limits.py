@@ -22,11 +22,11 @@ import pytest
 import atlantis
 from atlantis import operations
 from atlantis.errors import ValidationError
-from tests.conftest import wait_for
+from tests.conftest import free_port, scrape_metrics, wait_for
 from tests.docs import bad_input_text
 from tests.test_roles import login
 from tests.test_tide import tide
-from tests.test_tide_workflow import _free_port, _scrape, said
+from tests.test_tide_workflow import said
 
 __all__ = ["login"]  # a fixture used here
 
@@ -260,17 +260,17 @@ def test_the_supervisor_exports_held_jobs_and_the_queue_limit(
         db: psycopg.Connection[Any], db_url: str, supervise: Any) -> None:
     operations.set_queue_limit(db, "limited", 1)
     ids = enqueue(db, "m1", "m2", "m3", hold=60.0)
-    port = _free_port()
+    port = free_port()
     supervise("--metrics-port", str(port), "--worker-refresh", "0.3s", queues=("limited",),
               app=APP, concurrency=2)
-    wait_for(lambda: 'atlantis_jobs_held{queue="limited"} 2.0' in (t := _scrape(port))
+    wait_for(lambda: 'atlantis_jobs_held{queue="limited"} 2.0' in (t := scrape_metrics(port))
              and 'atlantis_queue_concurrency_limit{queue="limited"} 1.0' in t,
              message="the gauges under a queue limit of 1")
     assert db.execute("SELECT count(*) FROM atlantis.jobs WHERE state = 'running'"
                       " AND id = ANY(%s)", (ids,)).fetchone() == (1,)
     # Removed: the sample goes, and a second attempt starts (the supervisor runs 2).
     tide(db_url, "queue", "limit", "limited", "--concurrency", "none")
-    wait_for(lambda: 'atlantis_jobs_held{queue="limited"} 1.0' in (t := _scrape(port))
+    wait_for(lambda: 'atlantis_jobs_held{queue="limited"} 1.0' in (t := scrape_metrics(port))
              and "atlantis_queue_concurrency_limit{" not in t,
              message="the held gauge at 1 and no limit sample")
-    assert "# TYPE atlantis_queue_concurrency_limit gauge" in _scrape(port)
+    assert "# TYPE atlantis_queue_concurrency_limit gauge" in scrape_metrics(port)

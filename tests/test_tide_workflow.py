@@ -8,9 +8,7 @@ test database): console.Quick returns at once, console.Fail raises.
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +22,7 @@ from atlantis.store.workflows import (
     workflow_counts,
     workflow_document,
 )
-from tests.conftest import wait_for
+from tests.conftest import free_port, scrape_metrics, wait_for
 from tests.test_roles import login
 from tests.test_tide import tide
 from tests.test_workflow_store import rows, run
@@ -154,26 +152,11 @@ def test_cancel_before_a_step_ran_and_job_commands_on_a_step(db: psycopg.Connect
     assert status(db_url, other)["state"] == "cancelled"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
-def _scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-    except OSError:
-        return ""
-
-
 def test_a_failed_step_compensates_and_the_gauges_count_workflows(
         db: psycopg.Connection[Any], db_url: str, supervise: Any) -> None:
     doomed = start(db_url, "console.Doomed", account_id="acme", message="smtp down")
     bad_undo = start(db_url, "console.BadUndo", account_id="acme", message="no undo")
-    port = _free_port()
+    port = free_port()
     supervise("--metrics-port", str(port), "--worker-refresh", "0.3s", queues=("console",),
               app=APP, concurrency=2)
     doc = wait_workflow(db_url, doomed, "failed")
@@ -197,7 +180,7 @@ def test_a_failed_step_compensates_and_the_gauges_count_workflows(
     listed = orjson.loads(tide(db_url, "workflow", "list", "--state", "compensation_failed",
                                "--json").stdout)
     assert [w["id"] for w in listed] == [bad_undo]
-    wait_for(lambda: 'atlantis_workflows{state="compensation_failed"} 1.0' in (t := _scrape(port))
+    wait_for(lambda: 'atlantis_workflows{state="compensation_failed"} 1.0' in (t := scrape_metrics(port))
              and 'atlantis_workflows{state="failed"} 1.0' in t
              and 'atlantis_workflows{state="running"} 0.0' in t,
              message="the workflow gauges")
