@@ -19,13 +19,17 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from atlantis.console.settings import REDACTED
-from atlantis.presentation import job_document, json_default, read_handler_steps
+from atlantis.presentation import job_document, json_default, read_handler_steps, suspension_text
 from atlantis.store import admin
+from atlantis.store import console_queries as store
 from atlantis.store.typed_rows import as_dict
 from atlantis.store.workflows import Workflow
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
+
+#: How many of a job's children its page lists (then "and N more").
+CHILDREN_SHOWN = 100
 
 
 class Database:
@@ -116,10 +120,39 @@ def job_page_doc(conn: Conn, row: admin.JobRow, keys: frozenset[str],
                  attempts: list[admin.AttemptRow] | None = None) -> dict[str, Any]:
     """One job's document as its page, ``GET /api/jobs/{id}`` and its stream carry it:
     :func:`job_doc` and the job's handler steps (``handler_steps``, ``suspended_for``,
-    ``suspended_until``: ``tide job status --json``'s). Not in listings: a query more."""
+    ``suspended_until``, ``children``: ``tide job status --json``'s), and ``suspension``:
+    what a suspended job waits for as the page says it (``{"label": "waiting", "text": "for
+    event approved"}``, :func:`atlantis.presentation.suspension_text`; null unless
+    suspended), which the page's live updates show as sent. Not in listings: queries more."""
     doc = job_doc(row, keys, attempts)
     doc.update(read_handler_steps(conn, row))
+    waits = doc["suspended_for"]
+    if waits:
+        label, text = suspension_text(waits)
+        doc["suspension"] = {"label": label, "text": text}
+    else:
+        doc["suspension"] = None
     return doc
+
+
+def children_of(conn: Conn, doc: dict[str, Any]) -> dict[str, Any]:
+    """What the page lists of the children of the job of ``doc`` (:func:`job_page_doc`):
+    ``rows``, the first :data:`CHILDREN_SHOWN` (``{"id", "job", "state"}``, oldest first),
+    ``total``, ``more`` (how many are not listed), ``counts`` by state in the order of a
+    job's life (``[(state, count)]``) and their :func:`counts_key`."""
+    counts: dict[str, int] = doc["children"]
+    rows = ([as_dict(c) for c in store.job_children(conn, doc["id"], limit=CHILDREN_SHOWN)]
+            if counts else [])
+    order = [s for s in admin.STATES if s in counts] + sorted(set(counts) - set(admin.STATES))
+    total = sum(counts.values())
+    return {"rows": rows, "more": max(total - len(rows), 0), "total": total,
+            "counts": [(s, counts[s]) for s in order], "key": counts_key(counts)}
+
+
+def counts_key(counts: dict[str, int]) -> str:
+    """Children's counts as one string (``complete=5 running=2``) the page keeps, and its
+    script writes the same way, to tell when they changed (then it reads the list again)."""
+    return " ".join(f"{s}={n}" for s, n in sorted(counts.items()))
 
 
 def workflow_doc(found: Workflow, keys: frozenset[str]) -> dict[str, Any]:

@@ -24,9 +24,8 @@ from atlantis.console import api
 from atlantis.console.actions import do_send_event, event_name, form_payload
 from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
-from atlantis.console.data import job_doc, job_page_doc, redact_held, sparkline
+from atlantis.console.data import children_of, job_doc, job_page_doc, redact_held, sparkline
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
-from atlantis.presentation import suspension_text
 from atlantis.store import admin, fleet
 from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
@@ -77,8 +76,7 @@ def _approx(queue: dict[str, Any], state: str) -> str:
     return f"≈{count:,}" if state in queue["approximate"] else str(count)
 
 
-env.globals.update(age=_age, sparkline=sparkline, approx=_approx,
-                   suspension=suspension_text)
+env.globals.update(age=_age, sparkline=sparkline, approx=_approx)
 
 
 def render(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -165,7 +163,7 @@ async def job(request: Request, who: Principal) -> Response:
     job_id = api.path_job_id(request)
     settings = settings_of(request)
 
-    def read(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def read(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], ...] | None:
         row = admin.get_job(conn, job_id)
         if row is None:
             return None
@@ -173,15 +171,16 @@ async def job(request: Request, who: Principal) -> Response:
         assert logs is not None
         doc = job_page_doc(conn, row, settings.redact, admin.job_attempts(conn, job_id))
         doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
-        return doc, logs
+        return doc, logs, children_of(conn, doc)
 
     found = await db_of(request).run(read)
     if found is None:
         raise ApiError(404, f"no job with id {job_id}")
-    doc, logs = found
+    doc, logs, children = found
     history = [float(h.get("pct", 0)) for h in doc["progress_history"] if isinstance(h, dict)]
     sent = request.query_params.get("event_sent", "")  # after the Send event form
     return render(request, "job.html", who=who, job=doc, logs=logs, history=history,
+                  children=children,
                   event_sent=sent if sent.isascii() and sent.isdigit() and len(sent) < 20
                   else None)
 

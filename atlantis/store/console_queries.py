@@ -6,8 +6,9 @@ and every change of a job's or queue's state from :mod:`atlantis.operations` (th
 functions every path shares). Here: keyset pages of jobs with filters (args by jsonb
 containment), the ids a bulk action touches, deletion of finished jobs, the dead-letter
 queue grouped by error fingerprint, throughput per minute, the planner's estimate of the
-table's size, log lines of many jobs at once, the console's audit table, and the LISTEN of
-its live pages. Every statement is a named query of ``console.sql``. Nothing here commits.
+table's size, log lines of many jobs at once, a job's children, the console's audit table,
+and the LISTEN of its live pages. Every statement is a named query of ``console.sql`` but the
+children's, ``children.sql``'s ``job_children_list``. Nothing here commits.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ class AuditRow:
     client: str | None
     label: str | None
     outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRow:
+    """One of a job's children (a job its handler spawned, ``ctx.spawn``)."""
+
+    id: int
+    job: str
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +210,12 @@ def log_tail(conn: Conn, job_id: int, attempt: int, *, run: int,
                              "limit": limit}).fetchall()
     rows.reverse()
     return rows
+
+
+def job_children(conn: Conn, job_id: int, *, limit: int = 100) -> list[ChildRow]:
+    """The first ``limit`` children of job ``job_id``, oldest first (by jobs_children_idx)."""
+    return conn.cursor(row_factory=class_row(ChildRow)).execute(
+        Q.job_children_list, {"job_id": job_id, "limit": limit}).fetchall()
 
 
 def last_log_id(conn: Conn) -> int:

@@ -157,16 +157,42 @@
           body.appendChild(tr);
         });
       }
+      // What it waits for, in the server's words (job.suspension: the page's own text).
       var asleep = document.getElementById("asleep");
       if (!asleep) return;
-      var waits = job.suspended_for;
+      var waits = job.suspension;
       asleep.hidden = !waits || job.state !== "available";
-      if (!waits) { tick("asleep-in", null, false); return; }
-      var sleep = waits.indexOf("sleep:") === 0;
-      text("asleep-label", sleep ? "asleep" : "suspended");
-      text("asleep-text", sleep ? "in handler step " + waits.slice(6) : "for " + waits);
-      text("asleep-until", stamp(job.suspended_until));
-      tick("asleep-in", (Date.parse(job.suspended_until) - Date.parse(job.now)) / 1000, false, "due ");
+      var until = waits ? job.suspended_until : null;
+      var when = document.getElementById("asleep-when");
+      if (when) when.hidden = !until;
+      if (waits) {
+        text("asleep-label", waits.label);
+        text("asleep-text", waits.text);
+      }
+      if (!until) { tick("asleep-in", null, false); return; }
+      text("asleep-until", stamp(until));
+      tick("asleep-in", (Date.parse(until) - Date.parse(job.now)) / 1000, false, "due ");
+    }
+
+    // The children's section, read again from the page when their counts changed (the
+    // server renders it: its counts, its first 100 rows and "and N more").
+    var childrenBusy = false;
+    function countsKey(counts) {
+      return Object.keys(counts).sort().map(function (k) { return k + "=" + counts[k]; }).join(" ");
+    }
+    function applyChildren(counts) {
+      var section = document.getElementById("children");
+      if (!section || childrenBusy || countsKey(counts) === section.getAttribute("data-counts")) return;
+      childrenBusy = true;
+      fetch(window.location.pathname, {credentials: "same-origin", headers: {"X-Requested-With": "console"}})
+        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (html) {
+          var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("children");
+          var current = document.getElementById("children");
+          if (fresh && current) current.replaceWith(fresh);
+        })
+        .catch(function () {})
+        .then(function () { childrenBusy = false; });
     }
 
     function applyJob(job) {
@@ -214,6 +240,7 @@
         f.hidden = f.getAttribute("data-states").split(" ").indexOf(job.state) < 0;
       });
       if (job.handler_steps !== undefined) applySteps(job);
+      if (job.children !== undefined) applyChildren(job.children);
     }
 
     function applyLog(lines) {
