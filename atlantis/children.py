@@ -23,6 +23,7 @@ from atlantis.limits import MAX_JOIN_JOBS
 FOREVER = datetime(9999, 12, 31, tzinfo=UTC)
 _NO_JOB = "ATL04"
 _TOO_MANY = "ATL23"
+_CANCELLING = "ATL24"
 
 
 def spawn_params(name: str, job: object, args: object, options: Mapping[str, Any]
@@ -72,6 +73,8 @@ def refused(name: str, exc: BaseException) -> BaseException:
         return JobNotFoundError(message)
     if state == _TOO_MANY:
         return StepError(message, kind="result")
+    if state == _CANCELLING:
+        return StepError(message)
     return translate(exc)  # type: ignore[arg-type]
 
 

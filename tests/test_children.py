@@ -81,6 +81,7 @@ def test_a_join_waits_holding_nothing_and_shows_what_it_waits_for(
     wait_for(lambda: _joining(ddb, parent), message="the parent to wait in its join")
     status = run_tide(["--database-url", db_url, "job", "status", str(parent)]).stdout
     assert "waiting" in status and "join all" in status and "2 running" in status
+    assert "9999" not in status and "when what it waits for comes" in status
     as_json = run_tide(["--database-url", db_url, "job", "status", str(parent), "--json"])
     assert '"children"' in as_json.stdout
     assert atlantis.cancel(ddb, parent) == "cancelled"
@@ -103,6 +104,11 @@ def test_cancelling_a_running_parent_cancels_its_waiting_children(
     wait_state(ddb, parent, "cancelled")
     states = {s for _, s, _ in _children(ddb, parent)}
     assert states == {"cancelled"}, states
+    # Once its cancel was asked, the parent spawned nothing more (its spawn was refused).
+    assert ddb.execute(
+        "SELECT count(*) FROM atlantis.jobs c JOIN atlantis.jobs p ON p.id = c.parent_id "
+        "WHERE p.id = %s AND c.created_at > p.cancel_requested_at", (parent,)).fetchone() == (0,)
+    assert len(_children_ids(ddb, parent)) < 50
 
 
 def test_join_with_a_dead_child_raises_child_failed_naming_it(

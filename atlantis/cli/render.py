@@ -153,8 +153,10 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     elif job.state == "cancelled" and job.cancelled_by:
         add("cancel", f"by {safe(job.cancelled_by)}")
     add("created", f"{_stamp(job.created_at)} ({relative(job.created_at, now)})")
-    if job.state == "available":
+    if job.state == "available" and job.run_at.year < 9999:  # 9999: a wait with no deadline
         add("runs at", f"{_stamp(job.run_at)} ({relative(job.run_at, now)})")
+    elif job.state == "available":
+        add("runs at", "when what it waits for comes")
     if job.started_at is not None:
         add("started", f"{_stamp(job.started_at)} ({relative(job.started_at, now)})")
     if job.finished_at is not None:

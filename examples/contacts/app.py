@@ -126,22 +126,27 @@ def crm_url() -> str:
 
 def fetch_page(
     base_url: str, account_id: str, cursor: str, *,
-    limit: int = PAGE_LIMIT, timeout: float = FETCH_TIMEOUT,
+    limit: int = PAGE_LIMIT, timeout: float = FETCH_TIMEOUT, page: int | None = None,
 ) -> Page:
     """``GET /accounts/<id>/contacts?cursor=...&limit=...``, parsed; CRMError on failure.
 
-    The cursor is opaque: it is only ever echoed back as the CRM handed it out.
+    The cursor is opaque: it is only ever echoed back as the CRM handed it out. With
+    ``page`` (a number from 0), page ``page`` of ``limit`` contacts instead (``?page=``;
+    ``cursor`` is then not sent): what the fan-out import's children ask for.
     """
-    query = urllib.parse.urlencode({"cursor": cursor, "limit": limit})
+    asked: dict[str, str | int] = ({"cursor": cursor, "limit": limit} if page is None
+                                   else {"page": page, "limit": limit})
+    where = f"after cursor={cursor!r}" if page is None else f"{page}"
+    query = urllib.parse.urlencode(asked)
     account = urllib.parse.quote(account_id, safe="")
     url = f"{base_url}/accounts/{account}/contacts?{query}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = json.load(response)
     except urllib.error.HTTPError as exc:
-        raise CRMError(f"fetch page after cursor={cursor!r}: HTTP {exc.code} {exc.reason}") from exc
+        raise CRMError(f"fetch page {where}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise CRMError(f"fetch page after cursor={cursor!r}: {exc}") from exc
+        raise CRMError(f"fetch page {where}: {exc}") from exc
     try:
         return Page(
             contacts=[Contact(str(c["id"]), str(c["name"]), str(c["email"]))
@@ -150,7 +155,7 @@ def fetch_page(
             total_estimate=int(body.get("total_estimate") or 0),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise CRMError(f"unexpected answer for cursor={cursor!r}: {exc!r}") from exc
+        raise CRMError(f"unexpected answer for page {where}: {exc!r}") from exc
 
 
 def percent_done(done: int, total_estimate: int) -> float:

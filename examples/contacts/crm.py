@@ -10,6 +10,10 @@ a real API. This module provides that endpoint without any network dependency:
      "next_cursor": "<opaque>" or "",
      "total_estimate": N}
 
+``?page=<n>&limit=100`` (instead of a cursor) returns page ``n`` (from 0) of that size
+directly, as many APIs also offer: what lets the fan-out import (:mod:`examples.contacts.
+fan_out`) fetch its pages side by side instead of one cursor after the other.
+
 The contacts of an account are a pure function of its id (:func:`expected_contacts`
 decides how many, the index decides names and emails), so a test can say in advance what
 a complete import must contain. The server records every request it answered, per account
@@ -122,6 +126,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         try:
             limit = int(query.get("limit", [str(DEFAULT_PAGE_SIZE)])[0])
             offset = decode_cursor(cursor)
+            if "page" in query:
+                offset, cursor = self.server.crm.page_offset(query["page"][0], limit)
         except ValueError as exc:
             self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
             return
@@ -228,13 +234,22 @@ class FakeCRM:
         size = max(1, min(limit, self.page_size))
         return max(1, -(-self.expected_contacts(account_id) // size))
 
+    def page_offset(self, page: str, limit: int) -> tuple[int, str]:
+        """The offset of page ``page`` (a number from 0) at ``limit`` per page, and the key it
+        is logged under: ``page=<n>``. ValueError for a page that is not such a number."""
+        if not page.isdigit():
+            raise ValueError(f"malformed page {page!r}")
+        return int(page) * max(1, min(limit, self.page_size)), f"page={int(page)}"
+
     def requests(self, account_id: str) -> list[str]:
-        """The cursors requested for an account, in the order they arrived (failed ones too)."""
+        """The cursors requested for an account, in the order they arrived (failed ones
+        too); a numbered page's request as ``page=<n>``."""
         with self._lock:
             return [cursor for acct, cursor, _ in self._log if acct == account_id]
 
     def request_count(self, account_id: str, cursor: str) -> int:
-        """How many times the page at ``cursor`` was answered successfully for an account."""
+        """How many times the page at ``cursor`` (or ``page=<n>``) was answered successfully
+        for an account."""
         with self._lock:
             return sum(1 for acct, c, status in self._log
                        if acct == account_id and c == cursor and status == HTTPStatus.OK)

@@ -36,7 +36,13 @@ from typing import Any, Protocol
 import psycopg
 
 import atlantis
-from examples.contacts.app import InterruptedImportError, crm_url, fetch_page, percent_done
+from examples.contacts.app import (
+    Contact,
+    InterruptedImportError,
+    crm_url,
+    fetch_page,
+    percent_done,
+)
 
 #: The declarations of the example (the same file as app.py's); this registry has a handler
 #: for the durable import only.
@@ -60,6 +66,13 @@ ON CONFLICT (account_id, contact_id) DO UPDATE
 """
 
 
+def upsert_contacts(conn: psycopg.Connection[Any], account: str,
+                    contacts: list[Contact]) -> None:
+    """Write ``contacts`` of ``account`` with ``conn``, in the caller's transaction."""
+    with conn.cursor() as cur:
+        cur.executemany(_UPSERT_CONTACT, [(account, c.id, c.name, c.email) for c in contacts])
+
+
 def import_page(conn: psycopg.Connection[Any], base: str, account: str,
                 done: dict[str, Any]) -> dict[str, Any]:
     """One transaction step: fetch the page after ``done["cursor"]``, upsert its contacts.
@@ -68,9 +81,7 @@ def import_page(conn: psycopg.Connection[Any], base: str, account: str,
     returns is recorded in that transaction, and becomes the ``done`` of the next page.
     """
     page = fetch_page(base, account, done["cursor"])
-    with conn.cursor() as cur:
-        cur.executemany(_UPSERT_CONTACT,
-                        [(account, c.id, c.name, c.email) for c in page.contacts])
+    upsert_contacts(conn, account, page.contacts)
     return {
         "cursor": page.next_cursor,
         "pages": done["pages"] + 1,

@@ -5,7 +5,7 @@
 -- join counts the children's own rows (atlantis.jobs_children_idx), in the transaction that
 -- ends each one, and the wake of a parent already woken is a no-op (run_at is not later
 -- than now()). SQLSTATE ATL04: a join names a job that does not exist; ATL23: a join past
--- its caps (children, bytes of results).
+-- its caps (children, bytes of results); ATL24: a spawn by a job being cancelled.
 
 -- Spawn: enqueue `job_name` with `args` (atlantis.enqueue_many's rules and options) for the
 -- run that holds job `job_id`, and record it as step `name`. `fresh`: the row is new and
@@ -24,6 +24,12 @@ DECLARE
     val jsonb;
 BEGIN
     PERFORM atlantis.step_fence(step_spawn.job_id, step_spawn.run_id);
+    -- A parent being cancelled spawns nothing more (its children are being cancelled).
+    IF EXISTS (SELECT 1 FROM atlantis.jobs x
+                WHERE x.id = step_spawn.job_id AND x.cancel_requested_at IS NOT NULL) THEN
+        RAISE EXCEPTION 'spawn %: job % is being cancelled: it spawns no more children',
+            step_spawn.name, step_spawn.job_id USING ERRCODE = 'ATL24';
+    END IF;
     child := (atlantis.enqueue_many(step_spawn.job_name, ARRAY[step_spawn.args],
                                     step_spawn.run_at, step_spawn.priority, step_spawn.queue,
                                     step_spawn.delay, step_spawn.trace_context))[1];
