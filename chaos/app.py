@@ -23,6 +23,9 @@ left out of :data:`unlimited`, which the others serve (chaos/cluster.py).
 executions are named by the claim's run id, which ``atlantis.job_steps`` records too
 (chaos/durable.py checks them).
 
+``chaos.Waiter`` and ``chaos.Fan`` (issue 35) record what their waits received and their
+spawns returned, named by the claim's run id too (chaos/waits.py checks them).
+
 While PostgreSQL restarts, a write is retried until it goes through: the handler blocks
 meanwhile, as a real one would, and its lease watchdog decides whether it may go on.
 """
@@ -267,6 +270,72 @@ def durable(ctx: atlantis.JobContext, args: Any) -> None:
         raise
     execution.effect()
     execution.record("end")
+
+
+WAITER, FAN, LEAF = "chaos.Waiter", "chaos.Fan", "chaos.Leaf"
+WAITS = ("first", "second")
+"""The events a waiter waits for, in this order, each under the step ``on-<event>``."""
+
+
+@registry.handler(WAITER)
+def waiter(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
+    """Works ``tick_ms``, then waits for each event of WAITS in turn; returns the nonce of
+    each payload received. ``fail "first"``: the first attempt fails after "first"."""
+    execution = Execution(ctx, run=run_id(ctx))
+    execution.record("start")
+    got: dict[str, Any] = {}
+    try:
+        time.sleep(args.tick_ms / 1000)
+        for event in WAITS:
+            execution.record(f"wait:on-{event}")
+            payload = ctx.wait_for_event(f"on-{event}", event)
+            got[event] = payload.get("nonce") if isinstance(payload, dict) else payload
+            execution.record(f"got:on-{event}:{got[event]}")
+            if event == WAITS[0] and args.fail == "first" and ctx.attempt == 1:
+                execution.record("fail")
+                raise RuntimeError(f"job {ctx.job_id} fails after its first event, as planned")
+    except atlantis.Suspended:
+        execution.record("suspend")
+        raise
+    execution.effect()
+    execution.record("end")
+    return got
+
+
+@registry.handler(FAN)
+def fan(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
+    """Spawns ``n`` leaves ``leaf-<i>``, ``tick_ms`` apart, then joins them (``all``);
+    ``fail "first"``: the first attempt fails halfway through its spawns."""
+    execution = Execution(ctx, run=run_id(ctx))
+    execution.record("start")
+    try:
+        ids: list[int] = []
+        for i in range(args.n):
+            leaf_args = {"i": i, "tick_ms": args.leaf_ms,
+                         "fail": "first" if i == args.fail_leaf else "never"}
+            ids.append(ctx.spawn(f"leaf-{i}", LEAF, leaf_args))
+            execution.record(f"spawned:leaf-{i}:{ids[-1]}")
+            time.sleep(args.tick_ms / 1000)
+            if i == args.n // 2 and args.fail == "first" and ctx.attempt == 1:
+                execution.record("fail")
+                raise RuntimeError(f"job {ctx.job_id} fails amid its spawns, as planned")
+        values = ctx.join("all", ids)
+    except atlantis.Suspended:
+        execution.record("suspend")
+        raise
+    except atlantis.ChildFailed:  # a leaf was cancelled: every attempt fails the same way
+        execution.record("fail")
+        raise
+    execution.effect()
+    execution.record("end")
+    return {"values": values, "sum": sum(values)}
+
+
+@registry.handler(LEAF)
+def leaf(ctx: atlantis.JobContext, args: Any) -> int:
+    """A short job (``fail "first"``: its first attempt fails); its value is its job id."""
+    _work(ctx, 1, args.tick_ms, fail=args.fail == "first" and ctx.attempt == 1)
+    return ctx.job_id
 
 
 PREDECESSORS: dict[str, frozenset[str]] = {

@@ -51,7 +51,10 @@ short ends at its last recorded event, and a violation seen there is a true one.
 
 And for durable handlers (issue 34, ``chaos.Durable``): every transaction step's effect
 exactly once, no step body run again after its record, each durable job finished with its
-steps recorded and its sleep kept (:mod:`chaos.durable`).
+steps recorded and its sleep kept (:mod:`chaos.durable`). And for durable waits (issue 35,
+``chaos.Waiter``, ``chaos.Fan``): every event consumed once, every join saw all its
+children, no child spawned twice (:mod:`chaos.waits`); a cancel asked of a job is asked of
+its children too (it cascades to them).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from chaos import durable
+from chaos import durable, waits
 
 FINAL = ("complete", "dead", "cancelled")
 WORKFLOW_STATES = ("complete", "failed", "cancelled", "compensation_failed")
@@ -86,6 +89,8 @@ class JobRow:
     compensation: bool = False
     doomed: bool = False
     """A step the workload makes fail every attempt (its ``doom`` arg names it)."""
+    parent_id: int | None = None
+    """The job that spawned it (``ctx.spawn``)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,8 @@ class History:
     """Its ``concurrency N``."""
     durable: durable.DurableHistory = field(default_factory=durable.DurableHistory)
     """``chaos.Durable``'s plans, step records and transaction steps' effects."""
+    waits: waits.WaitHistory = field(default_factory=waits.WaitHistory)
+    """The waiters' events and waits, the fan-outs' spawns and joins (issue 35)."""
 
 
 @dataclass(frozen=True)
@@ -241,12 +248,30 @@ def check_dead(h: History) -> Result:
                             for j in bad))
 
 
+def asked(h: History) -> set[int]:
+    """The jobs a cancel was asked of, directly or through a job they descend from (a
+    cancel cascades to a job's children)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for j in h.jobs:
+        if j.parent_id is not None:
+            children[j.parent_id].append(j.id)
+    found, todo = set(h.cancelled), list(h.cancelled)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def check_cancelled(h: History) -> Result:
     """Jobs outside workflows: a workflow's rows are cancelled with their workflow
     (:func:`check_workflow_states`)."""
     states = {j.id: j.state for j in h.jobs if j.workflow_id is None}
     cancelled = [i for i, state in states.items() if state == "cancelled"]
-    bad = [f"job {i} cancelled, never asked" for i in cancelled if i not in h.cancelled]
+    wanted = asked(h)
+    bad = [f"job {i} cancelled, never asked (nor of a parent)" for i in cancelled
+           if i not in wanted]
     bad += [f"job {i} {states.get(i)}, though its cancel was accepted"
             for i in sorted(h.cancel_accepted) if states.get(i) != "cancelled"]
     return Result("cancelled if and only if a cancel was accepted", not bad,
@@ -511,7 +536,8 @@ def check(h: History) -> list[Result]:
     return [check_final(h), check_dead(h), check_cancelled(h), check_stuck(h),
             check_overlap(h), check_effects(h), check_orphans(h), check_supervisors(h),
             check_workflows_finished(h), check_workflow_states(h), check_step_effects(h),
-            check_compensated(h), check_contexts(h), check_limits(h), *durable.checks(h)]
+            check_compensated(h), check_contexts(h), check_limits(h), *durable.checks(h),
+            *waits.checks(h)]
 
 
 def table(faults: list[tuple[str, int, str]], results: list[Result]) -> str:

@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 import psycopg
@@ -26,9 +27,15 @@ HEARTBEAT = 2.0
 WEIGHTS = {
     "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
     "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
-    "cancel_workflow": 1.5, "stop_crunching": 3.0,
+    "cancel_workflow": 1.5, "stop_crunching": 3.0, "kill_spawning": 1.5,
 }
 """How often each kind of fault is picked, relatively."""
+
+
+def _pid(claimed_by: str | None) -> int | None:
+    """The supervisor's pid in a row's ``claimed_by`` (``host:pid:...``)."""
+    parts = (claimed_by or "").split(":")
+    return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
 
 
 def say(text: str) -> None:
@@ -97,6 +104,8 @@ class Faults:
             ("SIGHUP of a supervisor", f["sighup"], ""),
             ("SIGSTOP or kill -9 of a supervisor running chaos.Crunch", f["stop_crunching"],
              f"{n['crunch_killed']} killed, {n['crunch_stopped']} stopped past the lease"),
+            ("kill -9 of a supervisor running chaos.Fan amid its spawns", f["kill_spawning"],
+             f"{n['spawning_new']} with spawns not yet recorded"),
             ("workflow cancel", f["cancel_workflow"],
              f"{n['cancel_workflow_step']} through a step's row, "
              f"{n['cancel_workflow_late']} once it had stopped"),
@@ -163,15 +172,39 @@ class Faults:
 
         self._later(pause, resume)
 
+    def _claimers(self, rows: list[tuple[Any, ...]] | None) -> list[Instance]:
+        """The live, running supervisors holding rows whose ``claimed_by`` are ``rows[i][0]``."""
+        pids = {_pid(r[0]) for r in rows or ()}
+        return [i for i in self.cluster.live() if not i.stopped and i.proc.pid in pids]
+
+    def _kill_spawning(self) -> None:
+        """Kill -9 a supervisor whose child runs ``chaos.Fan``: its run dies amid its spawns
+        (new ones, or those of an earlier run it gets back from their records), perhaps in
+        the middle of one, and the next run must end up with each child exactly once."""
+        rows = self.cluster.query(
+            "SELECT j.claimed_by, (SELECT count(*) FROM atlantis.job_steps s "
+            "                       WHERE s.job_id = j.id AND s.kind = 'spawn') "
+            "                    < (j.args->>'n')::int "
+            "  FROM atlantis.jobs j WHERE j.job = %s AND j.state = 'running'", ("chaos.Fan",))
+        candidates = self._claimers(rows)
+        if not candidates:
+            return
+        sup = self.rng.choice(candidates)
+        self.counts["kill_spawning"] += 1
+        self.notes["spawning_new"] += any(r[1] and _pid(r[0]) == sup.proc.pid
+                                          for r in rows or ())
+        slot = next(s for s in self.cluster.slots if s.current is sup)
+        sup.killed = True
+        sup.signal(signal.SIGKILL)
+        sup.proc.wait()
+        self._later(self.rng.uniform(0.2, 1.0), lambda: self.cluster.start_supervisor(slot))
+
     def _stop_crunching(self) -> None:
         """Stop (past the lease) or kill a supervisor whose child runs ``chaos.Crunch``,
         most likely inside one of its C calls that hold the GIL: only the lease keeper can
         end that attempt before the row is claimed again."""
-        rows = self.cluster.query(
-            "SELECT claimed_by FROM atlantis.jobs WHERE job = 'chaos.Crunch' AND state = 'running'")
-        pids = {int(r[0].split(":")[1]) for r in rows or () if r[0].count(":") >= 2
-                and r[0].split(":")[1].isdigit()}
-        candidates = [i for i in self.cluster.live() if not i.stopped and i.proc.pid in pids]
+        candidates = self._claimers(self.cluster.query(
+            "SELECT claimed_by FROM atlantis.jobs WHERE job = 'chaos.Crunch' AND state = 'running'"))
         if not candidates:
             return
         sup = self.rng.choice(candidates)
@@ -222,12 +255,14 @@ class Faults:
 
     def _cancel(self) -> None:
         # Long running jobs first: the cancel then reaches a handler mid-run (a durable job
-        # is long when its bodies are, and is cancelled asleep like any job waiting).
+        # is long when its bodies are, and is cancelled asleep like any job waiting; so are
+        # the waiters, fan-outs and leaves, by their ticks: a fan-out's cancel cascades).
         # A workflow's rows are cancelled with their workflow (_cancel_workflow).
         rows = self.cluster.query(
             "SELECT id FROM atlantis.jobs WHERE state IN ('running', 'available') "
             "AND workflow_id IS NULL "
-            "ORDER BY state = 'running' AND CASE WHEN job = 'chaos.Durable' "
+            "ORDER BY state = 'running' AND CASE "
+            "  WHEN job IN ('chaos.Durable', 'chaos.Waiter', 'chaos.Fan', 'chaos.Leaf') "
             "  THEN (args->>'tick_ms')::int >= 300 ELSE (args->>'ticks')::int >= 10 END DESC, "
             "  random() LIMIT 1")
         if not rows:

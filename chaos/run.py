@@ -6,8 +6,9 @@ restarts at will; each supervisor reaches it through a TCP proxy of its own
 ``--minutes`` of faults (:mod:`chaos.faults`) the driver undoes whatever fault is still in
 force, stops enqueueing, waits for every job to finish, looks for processes that outlived
 their supervisor, stops the supervisors and checks the recorded history
-(:mod:`chaos.check`, :mod:`chaos.durable`). All along, a thread samples the running rows of
-the limited job (:class:`Sampler`). Exit 0 when every check holds, 1 otherwise.
+(:mod:`chaos.check`, :mod:`chaos.durable`, :mod:`chaos.waits`). All along, a thread samples
+the running rows of the limited job (:class:`Sampler`), and the driver sends the waiters
+their events (:mod:`chaos.sender`). Exit 0 when every check holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import Any
 import psycopg
 
 import atlantis
-from chaos import check, durable
+from chaos import check, durable, waits
 from chaos.app import DURABLE, LIMITED, registry
 from chaos.cluster import Cluster
 from chaos.faults import Faults, say
+from chaos.sender import Sender
 from chaos.server import OwnServer
 
 BACKLOG = 150
@@ -118,7 +120,8 @@ class Producer:
             return
         self._next = now + 0.5
         rows = self.cluster.query(
-            "SELECT count(*) FILTER (WHERE job NOT IN ('chaos.Limited', 'chaos.Durable') "
+            "SELECT count(*) FILTER (WHERE job NOT IN ('chaos.Limited', 'chaos.Durable', "
+            "                          'chaos.Waiter', 'chaos.Fan', 'chaos.Leaf') "
             "                          AND state = 'available'), "
             "       count(*) FILTER (WHERE job = 'chaos.Limited' AND state = 'available'), "
             "       (SELECT count(*) FROM atlantis.workflow_instances "
@@ -238,7 +241,8 @@ class Sampler:
             conn.close()
 
 
-def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random.Random) -> None:
+def inject_faults(opts: Options, faults: Faults, producer: Producer, sender: Sender,
+                  rng: random.Random) -> None:
     start = time.monotonic()
     end = start + opts.minutes * 60
     next_fault = start + 2.0  # let the supervisors start first
@@ -247,13 +251,15 @@ def inject_faults(opts: Options, faults: Faults, producer: Producer, rng: random
         faults.tick(now=now)
         producer.slow_ok = end - now > SLOW_BEFORE_END
         producer.step(now)
+        sender.step(now)
         if now >= next_fault:
             faults.inject()
             next_fault = time.monotonic() + rng.expovariate(1 / opts.mean_gap)
         if now >= next_report:
             next_report = now + 15
             say(f"{round(now - start)}s: {producer.enqueued} jobs enqueued, "
-                f"{producer.started} workflows started, {sum(faults.counts.values())} faults")
+                f"{producer.started} workflows started, {len(sender.sent)} events sent, "
+                f"{sum(faults.counts.values())} faults")
         time.sleep(0.05)
 
 
@@ -276,14 +282,15 @@ def settle(cluster: Cluster, seconds: float) -> bool:
     return False
 
 
-def read_history(cluster: Cluster, faults: Faults,
-                 samples: list[check.LimitSample]) -> check.History:
+def read_history(cluster: Cluster, faults: Faults, samples: list[check.LimitSample],
+                 sent: list[waits.Sent]) -> check.History:
     with psycopg.connect(cluster.db_url, autocommit=True) as conn:
         jobs = [check.JobRow(*r) for r in conn.execute(
             "SELECT id, job, state, attempt, max_attempts, "
             "       state = 'running' AND claimed_until < now(), "
             "       workflow_id, step, compensation, "
-            "       workflow_id IS NOT NULL AND NOT compensation AND args->>'doom' = step "
+            "       workflow_id IS NOT NULL AND NOT compensation AND args->>'doom' = step, "
+            "       parent_id "
             "  FROM atlantis.jobs ORDER BY id").fetchall()]
         events = [check.Event(*r) for r in conn.execute(
             "SELECT job_id, attempt, run, pid, event, at FROM chaos_history ORDER BY id"
@@ -308,12 +315,13 @@ def read_history(cluster: Cluster, faults: Faults,
             "SELECT id, args->>'account' FROM atlantis.jobs WHERE job = %s", (LIMITED,)
         ).fetchall()}
         durable_history = durable.read(conn)
+        wait_history = waits.read(conn, sent)
     return check.History(jobs, events, effects, set(faults.cancelled),
                          set(faults.cancel_accepted), workflows=workflows, steps=steps,
                          keyed=keyed, workflow_cancelled=set(faults.workflow_cancelled),
                          workflow_cancel_running=set(faults.workflow_cancel_running),
                          limited=limited, samples=samples, per_account=PER_ACCOUNT,
-                         in_all=IN_ALL, durable=durable_history)
+                         in_all=IN_ALL, durable=durable_history, waits=wait_history)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,16 +341,19 @@ def main(argv: list[str] | None = None) -> int:
         cluster.prepare(opts.supervisors)
         sampler.start()
         producer = Producer(cluster, rng, random.Random(f"durable {opts.seed}"))
-        inject_faults(opts, faults, producer, rng)
+        sender = Sender(cluster, random.Random(f"waits {opts.seed}"))
+        inject_faults(opts, faults, producer, sender, rng)
         say("faults stop; undoing those in force and waiting for every job to finish")
         faults.calm()
+        if not sender.finish(opts.settle):
+            say("some events could not be sent")
         say("settled" if settle(cluster, opts.settle) else f"not settled after {opts.settle:g}s")
         samples = sampler.stop()
         orphans = cluster.orphans()
         alive = {id(i) for i in cluster.live()}
         cluster.stop_supervisors()
         orphans += [o for o in cluster.orphans() if o not in orphans]
-        history = read_history(cluster, faults, samples)
+        history = read_history(cluster, faults, samples, sender.sent)
         history.orphans = orphans
         history.supervisors = [
             check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode)
@@ -354,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(history.workflows)} workflows, {len(history.limited)} {LIMITED} under "
               f"concurrency {PER_ACCOUNT} by account and {IN_ALL} in all, "
               f"{len(history.samples)} samples of its running rows, "
-              f"{len(history.durable.plans)} {DURABLE}), "
+              f"{len(history.durable.plans)} {DURABLE}, {len(history.waits.waiters)} "
+              f"{waits.WAITER} ({len(history.waits.sent)} events sent to them), "
+              f"{len(history.waits.fans)} {waits.FAN} ({len(history.waits.spawns)} "
+              f"children spawned)), "
               f"{len(history.events)} events recorded, "
               f"{faults.notes['tide_failed']} tide commands failed (database down), "
               f"{time.monotonic() - started:.0f}s in all; seed {opts.seed}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,6 +24,7 @@ from chaos.check import (
     WorkflowRow,
 )
 from chaos.durable import DurableHistory, Plan, StepEffect, StepRecord
+from chaos.waits import EventRow, Sent, SpawnRecord, WaitHistory, WaitRecord
 from tests.conftest import ROOT
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -376,6 +378,163 @@ def test_a_durable_job_unfinished_or_awake_too_early_fails() -> None:
         cancelled={41}))
     bad = [*durable_history().events, Event(41, 1, "r2", 100, "bad-value", at(2.35))]
     assert DURABLE in failed(durable_history(events=bad))
+
+
+EVENTS = "every event consumed once"
+JOINS = "every join saw all its children"
+SPAWNS = "no child spawned twice"
+
+
+def waits_history(**kw: object) -> History:
+    """chaos.Waiter job 51: run w1 finds "first" sent already, then suspends at "second"; run
+    w2 gets "first" back from its record and receives "second". chaos.Fan job 61 spawns
+    leaves 62 and 63 in run f1, which suspends at its join; run f2 gets both ids back from
+    their records, joins and returns their values (each leaf's own id)."""
+    ev = [(51, "w1", "start", 0.0), (51, "w1", "wait:on-first", 0.1),
+          (51, "w1", "got:on-first:n1", 0.2), (51, "w1", "wait:on-second", 0.3),
+          (51, "w1", "suspend", 0.4), (51, "w2", "start", 2.0),
+          (51, "w2", "wait:on-first", 2.1), (51, "w2", "got:on-first:n1", 2.2),
+          (51, "w2", "wait:on-second", 2.3), (51, "w2", "got:on-second:n2", 2.4),
+          (51, "w2", "end", 2.5), (61, "f1", "start", 0.0), (61, "f1", "spawned:leaf-0:62", 0.1),
+          (61, "f1", "spawned:leaf-1:63", 0.2), (61, "f1", "suspend", 0.3),
+          (61, "f2", "start", 3.0), (61, "f2", "spawned:leaf-0:62", 3.1),
+          (61, "f2", "spawned:leaf-1:63", 3.2), (61, "f2", "end", 3.3)]
+    events = [Event(job, 1, run, 100, name, at(t)) for job, run, name, t in ev]
+    events += run_events(62, 1, "l2", 0.5, 0.6) + run_events(63, 1, "l3", 0.7, 0.8)
+    base: dict[str, object] = {
+        "jobs": [JobRow(51, "chaos.Waiter", "complete", 1, 13, False),
+                 JobRow(61, "chaos.Fan", "complete", 1, 13, False),
+                 JobRow(62, "chaos.Leaf", "complete", 1, 13, False, parent_id=61),
+                 JobRow(63, "chaos.Leaf", "complete", 1, 13, False, parent_id=61)],
+        "events": events, "effects": {51: 1, 61: 1, 62: 1, 63: 1}, "cancelled": set(),
+        "supervisors": [SupervisorFate("s0", killed=False, alive_at_end=True, stop_code=0)],
+        "waits": WaitHistory(
+            waiters={51}, fans={61: 2},
+            sent=[Sent(51, "first", "n1", 1), Sent(51, "second", "n2", 2)],
+            rows=[EventRow(1, 51, "first", "n1", True, "on-first"),
+                  EventRow(2, 51, "second", "n2", True, "on-second")],
+            waits=[WaitRecord(51, "on-first", "first", "n1", True),
+                   WaitRecord(51, "on-second", "second", "n2", True)],
+            spawns=[SpawnRecord(61, "leaf-0", 62), SpawnRecord(61, "leaf-1", 63)],
+            joins={61: [62, 63]},
+            results={61: {"values": [62, 63], "sum": 125}, 62: 62, 63: 63}),
+    }
+    base.update(kw)
+    return History(**base)  # type: ignore[arg-type]
+
+
+def with_waits(**kw: object) -> WaitHistory:
+    return replace(waits_history().waits, **kw)  # type: ignore[arg-type]
+
+
+def examples(h: History, name: str) -> tuple[str, ...]:
+    result = {r.name: r for r in check.check(h)}[name]
+    assert not result.ok
+    return result.examples
+
+
+def test_a_clean_waits_history_passes() -> None:
+    h = waits_history()
+    assert failed(h) == set()
+    detail = {r.name: r.detail for r in check.check(h)}[EVENTS]
+    assert "2 consumed once" in detail and "1 found their event sent, 1 suspended" in detail
+    # A waiter cancelled before its second event: that one refused, nothing else asked.
+    h = waits_history(jobs=[JobRow(51, "chaos.Waiter", "cancelled", 1, 13, False),
+                            *waits_history().jobs[1:]], cancelled={51}, waits=with_waits(
+        sent=[Sent(51, "first", "n1", 1), Sent(51, "second", "n2", None)],
+        rows=waits_history().waits.rows[:1], waits=waits_history().waits.waits[:1]),
+        events=[e for e in waits_history().events if e.run != "w2"])
+    assert failed(h) == set()
+
+
+def test_an_event_lost_doubled_or_never_sent_fails() -> None:
+    w = waits_history().waits
+    # A completed waiter whose second event was never consumed (nor its wait delivered).
+    lost = with_waits(rows=[w.rows[0], EventRow(2, 51, "second", "n2", False)],
+                      waits=[w.waits[0], WaitRecord(51, "on-second", "second", None, False)])
+    found = examples(waits_history(waits=lost), EVENTS)
+    assert any("job 51 complete, its event second (id 2) never consumed" in x for x in found)
+    # One event delivered to both waits: the second holds the first's payload.
+    twice = with_waits(waits=[w.waits[0], WaitRecord(51, "on-second", "second", "n1", True)])
+    found = examples(waits_history(waits=twice), EVENTS)
+    assert any("job 51: event first (id 1) consumed by on-first, its payload held by wait(s) "
+               "on-first, on-second" in x for x in found)
+    # An event stored twice (the run sent it again), one refused to a job that completed,
+    # an id that is not the event sent.
+    again = with_waits(rows=[*w.rows, EventRow(3, 51, "second", "n2", False)])
+    assert "job 51: event second (id 3) stored, never sent by the run" in examples(
+        waits_history(waits=again), EVENTS)
+    refused = with_waits(sent=[w.sent[0], Sent(51, "second", "n2", None)])
+    assert EVENTS in failed(waits_history(waits=refused))
+    other = with_waits(sent=[w.sent[0], Sent(51, "second", "n2", 1)])
+    assert EVENTS in failed(waits_history(waits=other))
+
+
+def test_a_wait_that_got_what_was_not_sent_or_not_recorded_fails() -> None:
+    w = waits_history().waits
+    # A wait's record holding a payload the run never sent (nor consumed from the table).
+    forged = with_waits(waits=[w.waits[0], WaitRecord(51, "on-second", "second", "zz", True)])
+    assert any("wait on-second holds payload zz" in x
+               for x in examples(waits_history(waits=forged), EVENTS))
+    # A run that received another payload than its wait recorded: delivered twice.
+    events = [e if e.event != "got:on-first:n1" or e.run != "w2"
+              else Event(51, 1, "w2", 100, "got:on-first:n3", e.at)
+              for e in waits_history().events]
+    assert any("run w2 received n3 at wait on-first, whose record holds n1" in x
+               for x in examples(waits_history(events=events), EVENTS))
+
+
+def test_a_join_that_missed_a_child_or_returned_another_value_fails() -> None:
+    w = waits_history().waits
+    jobs = waits_history().jobs
+    dead = [*jobs[:3], JobRow(63, "chaos.Leaf", "dead", 13, 13, False, parent_id=61)]
+    assert "job 61 complete, its child(ren) 63 dead" in examples(
+        waits_history(jobs=dead, effects={51: 1, 61: 1, 62: 1}), JOINS)
+    assert any(x.startswith("job 61: its join lists [62]") for x in examples(
+        waits_history(waits=with_waits(joins={61: [62]})), JOINS))
+    wrong = with_waits(results={**w.results, 61: {"values": [62, 62], "sum": 124}})
+    assert any(x.startswith("job 61 returned") for x in examples(waits_history(waits=wrong),
+                                                                JOINS))
+    # Fewer children than planned, and no join recorded at all.
+    assert JOINS in failed(waits_history(waits=with_waits(fans={61: 3})))
+    assert "job 61 complete, no join recorded" in examples(
+        waits_history(waits=with_waits(joins={})), JOINS)
+
+
+def test_a_child_spawned_twice_fails() -> None:
+    w = waits_history().waits
+    # A third child of 61 that none of its spawn records names: a spawn ran twice.
+    extra = [*waits_history().jobs, JobRow(64, "chaos.Leaf", "complete", 1, 13, False,
+                                           parent_id=61)]
+    found = examples(waits_history(jobs=extra, effects={51: 1, 61: 1, 62: 1, 63: 1, 64: 1}),
+                     SPAWNS)
+    assert "job 61: 3 children, 2 spawn records" in found
+    assert "job 61: child 64 named by none of its spawn records (spawned twice?)" in found
+    # A record naming a job that is not a child; two records naming one child.
+    elsewhere = with_waits(spawns=[w.spawns[0], SpawnRecord(61, "leaf-1", 51)])
+    assert "job 61: spawn leaf-1 records job 51, not a child of it" in examples(
+        waits_history(waits=elsewhere), SPAWNS)
+    same = with_waits(spawns=[*w.spawns, SpawnRecord(61, "leaf-2", 63)])
+    assert "job 61: job 63 recorded by more than one spawn" in examples(
+        waits_history(waits=same), SPAWNS)
+    # A run that got another id back than its spawn recorded.
+    events = [e if e.event != "spawned:leaf-1:63" or e.run != "f2"
+              else Event(61, 1, "f2", 100, "spawned:leaf-1:65", e.at)
+              for e in waits_history().events]
+    assert any("run f2 got job 65 from spawn leaf-1, whose record holds 63" in x
+               for x in examples(waits_history(events=events), SPAWNS))
+
+
+def test_a_child_cancelled_with_its_parent_was_asked() -> None:
+    jobs = [waits_history().jobs[0], JobRow(61, "chaos.Fan", "cancelled", 1, 13, False),
+            JobRow(62, "chaos.Leaf", "cancelled", 1, 13, False, parent_id=61),
+            waits_history().jobs[3]]
+    h = waits_history(jobs=jobs, effects={51: 1, 63: 1}, cancelled={61}, cancel_accepted={61})
+    assert failed(h) == set()
+    h.cancelled = {62}
+    h.cancel_accepted = set()
+    assert "job 61 cancelled, never asked (nor of a parent)" in examples(
+        h, "cancelled if and only if a cancel was accepted")
 
 
 @pytest.mark.timeout(420)
