@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from atlantis.errors import ChildFailed, JobNotFoundError, StepError
-from atlantis.limits import MAX_JOIN_JOBS
+from atlantis.limits import MAX_JOIN_JOBS, MAX_SPAWN_MANY
 
 #: When a join wakes if no child's end wakes it first: never (the rescue's sweep also looks).
 FOREVER = datetime(9999, 12, 31, tzinfo=UTC)
@@ -41,9 +41,43 @@ def spawn_params(name: str, job: object, args: object, options: Mapping[str, Any
     return one_params(job, args, checked)
 
 
-def spawned(value: Any) -> int:
+def spawn_many_params(name: str, job: object, args_list: object,
+                      options: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked parameters of ``ctx.spawn_many`` ``name``: at most MAX_SPAWN_MANY."""
+    from atlantis.enqueue import EnqueueOptions, many_params
+
+    if type(job) is not str or not job:
+        raise StepError(f"spawn {name!r}: the job to enqueue must be a job's name, not "
+                        f"{str(job)[:60]!r}")
+    if isinstance(args_list, str | bytes | Mapping) or not isinstance(args_list, Iterable):
+        raise StepError(f"spawn {name!r}: ctx.spawn_many takes a list of args (dicts), not "
+                        f"{type(args_list).__name__}")
+    given = list(args_list)
+    bad = next((a for a in given if not isinstance(a, Mapping)), None)
+    if bad is not None:
+        raise StepError(f"spawn {name!r}: a child's args must be a mapping (a dict), not "
+                        f"{type(bad).__name__}")
+    if len(given) > MAX_SPAWN_MANY:
+        raise StepError(f"spawn {name!r}: {len(given)} jobs, more than the {MAX_SPAWN_MANY} "
+                        "one spawn_many enqueues (spawn them in several steps)", kind="result")
+    checked: EnqueueOptions = dict(options)  # type: ignore[assignment]
+    return many_params(job, given, checked)
+
+
+def spawned(name: str, value: Any) -> int:
     """The job id a spawn's record holds."""
+    if "job" not in value:
+        raise StepError(f"handler step {name!r} was recorded by ctx.spawn_many and is now run "
+                        "by ctx.spawn: give the new step a new name")
     return int(value["job"])
+
+
+def spawned_many(name: str, value: Any) -> list[int]:
+    """The job ids a ``ctx.spawn_many`` record holds."""
+    if "jobs" not in value:
+        raise StepError(f"handler step {name!r} was recorded by ctx.spawn and is now run by "
+                        "ctx.spawn_many: give the new step a new name")
+    return [int(i) for i in value["jobs"]]
 
 
 def job_ids(name: str, ids: object) -> list[int]:

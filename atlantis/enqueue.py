@@ -308,6 +308,13 @@ def one_params(job: str, args: Mapping[str, Any] | None,
     return params
 
 
+def many_params(job: str, args_list: Iterable[Mapping[str, Any]],
+                options: EnqueueOptions) -> dict[str, Any]:
+    """The checked parameters of a batch (``args``: a list of JSON values), for a statement
+    of atlantis's own that enqueues in SQL (``ctx.spawn_many``)."""
+    return _params(job, args_list, options)
+
+
 def _ids(row: tuple[Any, ...] | None) -> list[int]:
     assert row is not None
     return list(row[0])

@@ -65,6 +65,8 @@ def clamp_pct(pct: float | None) -> int:
 MAX_STEP_RECORDS = 100_000
 MAX_STEP_BYTES = 64 * 1024 * 1024
 MAX_STEP_NAME = 200
+#: Jobs one ``ctx.spawn_many`` enqueues (atlantis.step_spawn_many says the same).
+MAX_SPAWN_MANY = 10_000
 #: Jobs one ``ctx.join`` may wait for (atlantis.step_join says the same).
 MAX_JOIN_JOBS = 100_000
 #: Bytes of JSON results one ``ctx.join`` returns; past them, ``results=False``.

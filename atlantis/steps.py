@@ -340,7 +340,7 @@ class StepBook(_Rules):
         conn = self._open(key)
         value = self.recorded(key, "spawn")
         if value is not _MISSING:
-            return children.spawned(value)
+            return children.spawned(key, value)
         params = children.spawn_params(key, job, args, options)
         try:
             child, fresh = store.spawn(conn, self.fence, key, params)
@@ -348,6 +348,27 @@ class StepBook(_Rules):
             raise self.refused(exc, key) from exc
         self.wrote(key, "spawn", orjson.dumps({"job": child, "child": fresh}).decode())
         return child
+
+    def spawn_many(self, name: object, job: object, args_list: object,
+                   options: dict[str, Any]) -> list[int]:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = self._open(key)
+        value = self.recorded(key, "spawn")
+        if value is not _MISSING:
+            return children.spawned_many(key, value)
+        params = children.spawn_many_params(key, job, args_list, options)
+        try:
+            rows = store.spawn_many(conn, self.fence, key, params)
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        ids = [i for i, _ in rows]
+        self.wrote(key, "spawn", orjson.dumps({"jobs": ids}).decode())
+        return ids
 
     def join(self, name: object, ids: object, results: bool) -> list[Any]:
         import psycopg

@@ -149,7 +149,7 @@ class AsyncStepBook(_Rules):
         conn = await self._open(key)
         value = self.recorded(key, "spawn")
         if value is not _MISSING:
-            return children.spawned(value)
+            return children.spawned(key, value)
         params = children.spawn_params(key, job, args, options)
         try:
             child, fresh = await store.spawn_async(conn, self.fence, key, params)
@@ -157,6 +157,27 @@ class AsyncStepBook(_Rules):
             raise self.refused(exc, key) from exc
         self.wrote(key, "spawn", orjson.dumps({"job": child, "child": fresh}).decode())
         return child
+
+    async def spawn_many(self, name: object, job: object, args_list: object,
+                         options: dict[str, Any]) -> list[int]:
+        import psycopg
+
+        from atlantis import children
+        from atlantis.store import steps as store
+
+        key = self.begin(name)
+        conn = await self._open(key)
+        value = self.recorded(key, "spawn")
+        if value is not _MISSING:
+            return children.spawned_many(key, value)
+        params = children.spawn_many_params(key, job, args_list, options)
+        try:
+            rows = await store.spawn_many_async(conn, self.fence, key, params)
+        except psycopg.Error as exc:
+            raise self.refused(exc, key) from exc
+        ids = [i for i, _ in rows]
+        self.wrote(key, "spawn", orjson.dumps({"jobs": ids}).decode())
+        return ids
 
     async def join(self, name: object, ids: object, results: bool) -> list[Any]:
         import psycopg

@@ -282,3 +282,17 @@ def test_the_metrics_count_waits_events_and_children(ddb: psycopg.Connection[Any
     atlantis.cancel(ddb, parent)
     atlantis.cancel(ddb, waiter)
     ddb.commit()
+
+
+def test_spawn_many_enqueues_a_batch_once_as_one_step(ddb: psycopg.Connection[Any],
+                                                      supervise: Any) -> None:
+    _start(supervise)
+    parent = _fan_out(ddb, "many", 25, many=True)
+    row = wait_state(ddb, parent, "complete")
+    assert row["result"] == sum(i * 10 for i in range(25))
+    ids = _children_ids(ddb, parent)
+    assert [i for i, _, _ in _children(ddb, parent)] == list(range(25))
+    records = ddb.execute("SELECT name, kind, value FROM atlantis.job_steps WHERE job_id = %s "
+                          "ORDER BY name", (parent,)).fetchall()
+    assert records[0][:2] == ("all", "join")
+    assert records[1] == ("children", "spawn", {"jobs": ids, "children": 25})

@@ -102,7 +102,7 @@ def test_the_roles_exist_cannot_log_in_and_public_has_nothing(db: psycopg.Connec
                              "dismiss_workflow", "workflow_advance", "workflow_sweep", "prune_workflows",
                              "step_fence", "step_records", "record_step", "step_sleep",
                              "clear_steps", "send_event", "step_wait_event", "event_sweep",
-                             "step_spawn", "step_join", "join_sweep", "child_ended",
+                             "step_spawn", "step_spawn_many", "step_join", "join_sweep", "child_ended",
                              "cancel_children", "wait_check"}
     assert all(c == ["search_path=pg_catalog, atlantis, pg_temp"] for c in definers.values())
 

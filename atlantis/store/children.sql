@@ -8,6 +8,12 @@ SELECT child, fresh
                            %(args)s, %(run_at)s, %(priority)s, %(queue)s, %(delay)s,
                            %(trace_context)s)
 
+-- name: step_spawn_many
+SELECT child, fresh
+  FROM atlantis.step_spawn_many(%(job_id)s, %(run_id)s, %(name)s, %(attempt)s, %(job)s,
+                                %(args)s::jsonb[], %(run_at)s, %(priority)s, %(queue)s,
+                                %(delay)s, %(trace_context)s)
+
 -- name: step_join
 SELECT id, state, result, error
   FROM atlantis.step_join(%(job_id)s, %(run_id)s, %(name)s, %(attempt)s,

@@ -127,6 +127,8 @@ _STEP_FUNCTIONS: LiteralString = (
     " atlantis.step_wait_event(bigint, uuid, text, text, double precision, int),"
     " atlantis.step_spawn(bigint, uuid, text, int, text, jsonb, timestamp with time zone, int,"
     " text, interval, jsonb),"
+    " atlantis.step_spawn_many(bigint, uuid, text, int, text, jsonb[], timestamp with time zone,"
+    " int, text, interval, jsonb),"
     " atlantis.step_join(bigint, uuid, text, int, bigint[], boolean)"
 )
 _GRANTS: dict[str, LiteralString] = {

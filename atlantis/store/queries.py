@@ -117,6 +117,7 @@ class Queries:
     event_sweep: LiteralString
     # children.sql (issue 35: a handler's spawn and join, operators' reads)
     step_spawn: LiteralString
+    step_spawn_many: LiteralString
     step_join: LiteralString
     join_sweep: LiteralString
     job_children: LiteralString

@@ -799,6 +799,15 @@ CREATE FUNCTION atlantis.step_spawn(job_id bigint, run_id uuid, name text, attem
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: step_spawn_many(bigint, uuid, text, integer, text, jsonb[], timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.step_spawn_many(job_id bigint, run_id uuid, name text, attempt integer, job_name text, args_list jsonb[], run_at timestamp with time zone, priority integer, queue text, delay interval, trace_context jsonb) RETURNS TABLE(child bigint, fresh boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: step_wait_event(bigint, uuid, text, text, double precision, integer); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 

@@ -205,6 +205,20 @@ async def spawn_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: st
     return int(row[0]), bool(row[1])
 
 
+def spawn_many(conn: psycopg.Connection[Any], fence: Fence, name: str,
+               params: dict[str, Any]) -> list[tuple[int, bool]]:
+    """A batch spawn (``atlantis.step_spawn_many``): (id, new child?) per args, in order."""
+    rows = conn.execute(Q.step_spawn_many, _params(fence, name=name, **params)).fetchall()
+    return [(int(r[0]), bool(r[1])) for r in rows]
+
+
+async def spawn_many_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
+                           params: dict[str, Any]) -> list[tuple[int, bool]]:
+    """:func:`spawn_many` on an async connection."""
+    cur = await conn.execute(Q.step_spawn_many, _params(fence, name=name, **params))
+    return [(int(r[0]), bool(r[1])) for r in await cur.fetchall()]
+
+
 def join(conn: psycopg.Connection[Any], fence: Fence, name: str, ids: list[int],
          results: bool) -> list[tuple[Any, ...]]:
     """A join's step (``atlantis.step_join``): its rows, the first saying whether every job

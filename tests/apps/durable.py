@@ -189,7 +189,11 @@ def wait(ctx: atlantis.JobContext, args: Any) -> Any:
 @registry.handler("durable.FanOut")
 def fan_out(ctx: atlantis.JobContext, args: Any) -> Any:
     ids = []
-    for i in range(args.n):
+    if args.many:  # one statement for all of them
+        ids = ctx.spawn_many("children", "durable.Child",
+                             [{"key": args.key, "i": i, "fail": i == args.fail,
+                               "hold_ms": args.hold_ms} for i in range(args.n)])
+    for i in range(0 if args.many else args.n):
         ids.append(ctx.spawn(f"child-{i}", "durable.Child",
                              {"key": args.key, "i": i, "fail": i == args.fail,
                               "hold_ms": args.hold_ms}))

@@ -46,6 +46,53 @@ BEGIN
 END
 $$;
 
+-- Spawn many: `job_name` once per element of `args_list` in one statement (one enqueue, one
+-- record of all the ids, `{"jobs": [...], "children": n}`), as atlantis.step_spawn does for
+-- one; the ids in the order of `args_list`, `fresh` for each new child. At most 10000.
+CREATE OR REPLACE FUNCTION atlantis.step_spawn_many(job_id bigint, run_id uuid, name text,
+                                                    attempt int, job_name text,
+                                                    args_list jsonb[], run_at timestamptz,
+                                                    priority int, queue text, delay interval,
+                                                    trace_context jsonb)
+RETURNS TABLE (child bigint, fresh boolean)
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    ids bigint[];
+    adopted bigint[];
+    val jsonb;
+BEGIN
+    PERFORM atlantis.step_fence(step_spawn_many.job_id, step_spawn_many.run_id);
+    IF cardinality(step_spawn_many.args_list) > 10000 THEN
+        RAISE EXCEPTION 'spawn %: % jobs, more than the 10000 one spawn_many enqueues',
+            step_spawn_many.name, cardinality(step_spawn_many.args_list) USING ERRCODE = 'ATL23';
+    END IF;
+    IF EXISTS (SELECT 1 FROM atlantis.jobs x
+                WHERE x.id = step_spawn_many.job_id AND x.cancel_requested_at IS NOT NULL) THEN
+        RAISE EXCEPTION 'spawn %: job % is being cancelled: it spawns no more children',
+            step_spawn_many.name, step_spawn_many.job_id USING ERRCODE = 'ATL24';
+    END IF;
+    ids := atlantis.enqueue_many(step_spawn_many.job_name, step_spawn_many.args_list,
+                                 step_spawn_many.run_at, step_spawn_many.priority,
+                                 step_spawn_many.queue, step_spawn_many.delay,
+                                 step_spawn_many.trace_context);
+    WITH made AS (
+        UPDATE atlantis.jobs x SET parent_id = step_spawn_many.job_id
+         WHERE x.id = ANY (ids) AND x.parent_id IS NULL AND x.xmin = pg_current_xact_id()::xid
+        RETURNING x.id
+    )
+    SELECT coalesce(array_agg(made.id), '{}') INTO adopted FROM made;
+    val := jsonb_build_object('jobs', to_jsonb(ids), 'children', cardinality(adopted));
+    INSERT INTO atlantis.job_steps (job_id, name, kind, value, bytes, run_id, attempt)
+    VALUES (step_spawn_many.job_id, step_spawn_many.name, 'spawn', val,
+            octet_length(val::text), step_spawn_many.run_id, step_spawn_many.attempt);
+    RETURN QUERY SELECT u.i, u.i = ANY (adopted) FROM unnest(ids) WITH ORDINALITY AS u(i, o)
+                  ORDER BY u.o;
+END
+$$;
+
 -- Join: for the run that holds job `job_id`, the jobs `ids` once every one has ended: a
 -- first row (id NULL, state 'ended'), then one row per id in the order given (its end
 -- state, its result when `results`, its last error). While some have not ended: one row

@@ -25,6 +25,12 @@ CREATE FUNCTION atlantis.step_spawn(job_id bigint, run_id uuid, name text, attem
                                     trace_context jsonb)
 RETURNS TABLE (child bigint, fresh boolean)
 LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$;
+CREATE FUNCTION atlantis.step_spawn_many(job_id bigint, run_id uuid, name text, attempt int,
+                                         job_name text, args_list jsonb[], run_at timestamptz,
+                                         priority int, queue text, delay interval,
+                                         trace_context jsonb)
+RETURNS TABLE (child bigint, fresh boolean)
+LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$;
 CREATE FUNCTION atlantis.step_join(job_id bigint, run_id uuid, name text, attempt int,
                                    ids bigint[], results boolean)
 RETURNS TABLE (id bigint, state text, result text, error text)
