@@ -165,7 +165,7 @@ JOB_COLUMNS = ["id", "job", "queue", "args", "state", "attempt", "max_attempts",
                "started_at", "finished_at", "backoff", "unique_key", "cancel_requested_at",
                "cancelled_by", "retried_by", "retried_at", "progress_history", "run",
                "workflow_id", "step", "compensation", "result", "limit_group", "trace_context",
-               "run_id", "suspended_for"]
+               "run_id", "suspended_for", "parent_id"]
 COMPUTED = ["stall_after", "stalled", "rate", "eta_seconds"]
 
 
@@ -185,7 +185,7 @@ def test_status_json_has_every_column_and_the_bounded_error_history(
                    "last_error = 'boom ' || %(n)s WHERE id = %(id)s", {"n": n, "id": job_id})
     doc = orjson.loads(tide(db_url, "job", "status", str(job_id), "--json").stdout)
     assert list(doc) == [*JOB_COLUMNS, *COMPUTED, "attempts", "held", "handler_steps",
-                         "suspended_until"]
+                         "suspended_until", "children"]
     assert table_columns(db) <= set(doc)  # a column added to atlantis.jobs must show here
     assert doc["error_count"] == 25 and [e["attempt"] for e in doc["errors"]] == list(range(6, 26))
     assert doc["timeout"] == 30.0 and doc["args"] == {"key": "errs", "value": None}
