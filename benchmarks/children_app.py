@@ -8,24 +8,21 @@ queue ``bench``.
   whether each was its own child's (the order spawned).
 - ``fan.SpawnOnly``: the same ``n`` spawns onto the queue ``queue`` (which nothing serves),
   no join: the spawn loop alone, no drain of its children beside it.
-- ``fan.ParentBatch``: a prototype of a batch spawn from the public API: the same ``n``
-  children enqueued :data:`BATCH` to a ``ctx.transaction`` step (``enqueue_many``, then
-  their ``parent_id`` set, as ``atlantis.step_spawn`` sets it, so that the last one's end
-  wakes the join), then the same join and result as ``fan.Parent``.
+- ``fan.ParentMany``: the same ``n`` children by ``ctx.spawn_many`` (one call of up to
+  :data:`MANY`, one fenced statement and one step each), then the same join and result as
+  ``fan.Parent``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 import atlantis
 
 registry = atlantis.Registry.from_atl("children.atl")
 
-BATCH = 1000
-"""Children a ``fan.ParentBatch`` step enqueues: their ids (its record) stay under 64 KiB."""
+MANY = 10_000
+"""Children one ``ctx.spawn_many`` of ``fan.ParentMany`` enqueues (the product's cap)."""
 
 
 def value(i: int) -> int:
@@ -49,19 +46,12 @@ def parent(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
     return joined(ctx, [ctx.spawn(f"c-{i}", "fan.Child", {"i": i}) for i in range(args.n)])
 
 
-def _spawn_batch(conn: psycopg.Connection[Any], parent: int, start: int, stop: int
-                 ) -> list[int]:
-    ids = atlantis.enqueue_many(conn, "fan.Child", [{"i": i} for i in range(start, stop)])
-    conn.execute("UPDATE atlantis.jobs SET parent_id = %s WHERE id = ANY(%s)", (parent, ids))
-    return ids
-
-
-@registry.handler("fan.ParentBatch")
-def parent_batch(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
+@registry.handler("fan.ParentMany")
+def parent_many(ctx: atlantis.JobContext, args: Any) -> dict[str, Any]:
     ids: list[int] = []
-    for start in range(0, args.n, BATCH):
-        ids += ctx.transaction(f"c-{start}", _spawn_batch, ctx.job_id, start,
-                               min(start + BATCH, args.n))
+    for start in range(0, args.n, MANY):
+        ids += ctx.spawn_many(f"c-{start}", "fan.Child",
+                              [{"i": i} for i in range(start, min(start + MANY, args.n))])
     return joined(ctx, ids)
 
 
