@@ -131,7 +131,8 @@ def test_spawn_is_never_duplicated_under_kill_9_of_the_supervisor(
     first.signal(signal.SIGKILL)
     first.wait()
     _start(supervise)
-    row = wait_state(ddb, parent, "complete", timeout=90)
+    row = wait_state(ddb, parent, "complete", "dead", "cancelled", timeout=90)
+    assert row["state"] == "complete", row
     children = _children(ddb, parent)
     assert sorted(i for i, _, _ in children) == list(range(30)), children
     assert row["result"] == sum(i * 10 for i in range(30))
