@@ -251,8 +251,10 @@ def test_a_join_past_16_mib_of_results_is_refused_and_results_false_returns_stat
 
 
 def test_a_10000_child_fan_out_completes(ddb: psycopg.Connection[Any], supervise: Any) -> None:
+    """Spawned by one ctx.spawn_many (2.5 s; one ctx.spawn each takes 16 s: the one-a-child
+    path is the kill -9 test's, the scale here is the join's and the children's ends')."""
     _start(supervise, concurrency=4)
-    parent = _fan_out(ddb, "ten-thousand", 10_000)
+    parent = _fan_out(ddb, "ten-thousand", 10_000, many=True)
     row = wait_state(ddb, parent, "complete", timeout=600)
     assert row["result"] == sum(i * 10 for i in range(10_000))
     assert ddb.execute(
