@@ -118,6 +118,20 @@ class JobContext:
         without spending an attempt."""
         return self.flags.stopping
 
+    def connect(self, **kwargs: Any) -> Any:
+        """A new ``psycopg.Connection`` to ``ctx.database_url`` (the jobs' database, where
+        the handler keeps its own tables too); ``kwargs`` go to ``psycopg.connect``
+        (``autocommit=True``, ...). Close it (``with ctx.connect() as conn:``). Under
+        ``atlantis.testing.assert_idempotent`` its commits are kill points."""
+        if not self.database_url:
+            from atlantis.errors import ConfigurationError
+
+            raise ConfigurationError("ctx.connect(): this attempt was given no database URL "
+                                     "(ctx.database_url)")
+        import psycopg
+
+        return psycopg.connect(self.database_url, **kwargs)
+
     # ---- handler steps (atlantis.steps) ------------------------------------------------
 
     def step_key(self, name: str) -> str:

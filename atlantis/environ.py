@@ -31,6 +31,11 @@ CONSOLE_TOKEN = "ATLANTIS_CONSOLE_TOKEN"
 #: Set in every child: the token that marks its process tree.
 TREE = "ATLANTIS_TREE"
 
+#: Set by the supervisor for every process it starts (children, zygotes, the lease keeper,
+#: and all they start): its worker id, by which a supervisor on the same host proves that
+#: none of them is left (atlantis.supervisor.identity).
+WORKER = "ATLANTIS_WORKER"
+
 #: The test suite's PostgreSQL major (``16`` or ``18``, the default): its embedded server.
 TEST_PG = "ATLANTIS_TEST_PG"
 
@@ -45,3 +50,10 @@ XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
 #: Where per-user caches go (the `.atl` parser, atlantis.declarations.parser_cache); a
 #: relative value is ignored, as the XDG spec asks.
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
+
+#: The test kit's kill points (atlantis.testing.killpoints, set by assert_idempotent for the
+#: supervisors it starts): the app whose handlers it wraps, where each run writes the kill
+#: points it passes (a path prefix), and which point kills the child (1 on; 0: none).
+TESTING_APP = "ATLANTIS_TESTING_APP"
+TESTING_POINTS = "ATLANTIS_TESTING_POINTS"
+TESTING_KILL_AT = "ATLANTIS_TESTING_KILL_AT"

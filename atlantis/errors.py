@@ -108,3 +108,20 @@ class ChildFailed(AtlantisError):  # noqa: N818 - the name is part of the public
 
 class JobEndedError(AtlantisError):
     """The job has ended (complete, dead or cancelled): an event can no longer reach it."""
+
+
+class JobFailedError(AtlantisError):
+    """The job :func:`atlantis.wait` waited for ended ``dead`` or ``cancelled``: ``job_id``,
+    ``state`` and ``last_error`` (its last error's text, None when it has none) say which
+    and why."""
+
+    def __init__(self, job_id: int, state: str, last_error: str | None) -> None:
+        super().__init__(f"job {job_id} ended {state}: {last_error or 'no error recorded'}")
+        self.job_id = job_id
+        self.state = state
+        self.last_error = last_error
+
+
+class WaitTimeout(AtlantisError, TimeoutError):  # noqa: N818 - the name is part of the public API
+    """:func:`atlantis.wait` gave up: the job had not ended within its ``timeout``. A
+    :class:`TimeoutError` too; the job goes on."""

@@ -43,9 +43,10 @@ def json_default(value: Any) -> Any:
 
 
 def job_estimate(job: JobRow) -> progress.Estimate:
-    """Rate (pct/min) and ETA of the job's attempt, from its checkpoint history."""
+    """Rate (pct/min) and ETA of the job's running attempt, from its checkpoint history
+    since it started (none for a job not running)."""
     return progress.estimate(job.progress_history, pct=job.progress_pct, at=job.progress_at,
-                             now=job.db_now, running=job.running)
+                             now=job.db_now, running=job.running, since=job.started_at)
 
 
 def job_document(job: JobRow) -> dict[str, Any]:

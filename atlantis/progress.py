@@ -92,15 +92,19 @@ def eta_seconds(last: Sample | None, rate: float | None, now: datetime) -> float
 
 
 def estimate(history: Iterable[Mapping[str, Any]], *, pct: float | None, at: datetime | None,
-             now: datetime, running: bool) -> Estimate:
+             now: datetime, running: bool, since: datetime | None = None) -> Estimate:
     """Rate and ETA of a job from its history and its latest checkpoint (``pct`` at ``at``,
     which may be newer than the last sample: samples are taken at most once a second).
 
-    The ETA is given only while the job runs.
+    Both are given only while the job runs, and from the current run only: samples and a
+    checkpoint older than ``since`` (when the running attempt started) are an earlier run's,
+    so a resumed job's rate does not span the time it slept.
     """
-    points = samples(history)
-    if pct is not None and at is not None and (not points or at > points[-1].at):
+    if not running:
+        return Estimate(None, None)
+    points = [p for p in samples(history) if since is None or p.at >= since]
+    if pct is not None and at is not None and (since is None or at >= since) and (
+            not points or at > points[-1].at):
         points.append(Sample(at, float(pct)))
     rate = rate_per_minute(points)
-    eta = eta_seconds(points[-1] if points else None, rate, now) if running else None
-    return Estimate(rate, eta)
+    return Estimate(rate, eta_seconds(points[-1] if points else None, rate, now))

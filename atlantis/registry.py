@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +33,28 @@ def args_class(decl: JobDecl) -> type:
         raise DeclarationError(
             f"{where}job {decl.qualified_name}: its fields cannot be attributes of an args "
             f"class: {exc}"
+        ) from None
+
+
+def check_signature(job: str, fn: Handler) -> None:
+    """Refuse, when the app loads, a handler that cannot be called as ``fn(ctx, args)``.
+
+    Defaults and ``*args`` are fine; a third required argument, a required keyword-only
+    argument or fewer than two positional places are not. A callable whose signature Python
+    cannot read (some builtins) is let through: its first run says what is wrong.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(None, None)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+        module = getattr(fn, "__module__", None)
+        where = f"{module}.{name}" if module else name
+        raise ConfigurationError(
+            f"the handler of job {job}, {where}{sig}, cannot take (ctx, args): {exc}"
         ) from None
 
 
@@ -122,6 +145,7 @@ class Registry:
             raise ConfigurationError(f"no declaration for job {job!r} (declared: {known})")
         if job in self.registrations:
             raise ConfigurationError(f"job {job!r} already has a handler")
+        check_signature(job, fn)
         self.registrations[job] = Registration(decl, fn, args_type or args_class(decl))
 
     def queues(self) -> set[str]:

@@ -499,7 +499,8 @@ BAD_FILES = [
     ),
     pytest.param(
         "job J in ns {\n  args { a int[][] }\n}\n",
-        "jobs.atl:2:17: unexpected '[' (expected one of: ',', 'default', 'not', '}', end of line)",
+        "jobs.atl:2:17: unexpected '[' (expected one of: ',', ';', 'default', 'not', '}', "
+        "end of line)",
         id="nested-array-type",
     ),
     pytest.param(
@@ -520,12 +521,12 @@ BAD_FILES = [
     pytest.param(
         "job J in ns {\n  args { a int b int }\n}\n",
         "jobs.atl:2:16: unexpected 'b' (expected one of: "
-        "'(', ',', '[', 'default', 'not', '}', end of line)",
+        "'(', ',', ';', '[', 'default', 'not', '}', end of line)",
         id="fields-need-a-separator",
     ),
     pytest.param(
         "job J in ns {\n  retries 3 timeout 1h\n}\n",
-        "jobs.atl:2:13: unexpected 'timeout' (expected one of: ',', '}', end of line)",
+        "jobs.atl:2:13: unexpected 'timeout' (expected one of: ',', ';', '}', end of line)",
         id="modifiers-need-a-separator",
     ),
     pytest.param(

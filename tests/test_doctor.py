@@ -31,7 +31,8 @@ def test_a_healthy_database_exits_0(db_url: str) -> None:
     assert code == 0
     assert doc["ok"] is True and doc["problems"] == [] and failed(doc) == []
     assert list(doc["checks"]) == ["server_version", "jobs_table", "jobs_indexes",
-                                   "old_transactions", "expired_leases", "unserved_queues",
+                                   "old_transactions", "expired_leases", "silent_holders",
+                                   "unserved_queues",
                                    "unserved_jobs", "unserved_declarations", "missed_schedules",
                                    "duplicate_unique_keys"]
     version = doc["checks"]["server_version"]["items"][0]

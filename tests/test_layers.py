@@ -11,7 +11,8 @@ depend on its package, which imports its modules.
 
 The layers, lowest first (``LAYERS``): the bottom modules, one above the other; the store;
 the public API; the child; the lease keeper; then the supervisor, tide, the console and the framework
-integrations side by side (the integrations use the public API; nothing imports them).
+integrations side by side (the integrations use the public API; nothing imports them); the
+test kit (``atlantis.testing``) above them all.
 Nothing imports a layer above its own, no modules form a cycle, and no packages do
 (``atlantis.store``, ``atlantis.cli``, ... and each module directly under ``atlantis/``,
 each counted as one node). Every module of ``atlantis/`` must have a layer: a new package
@@ -45,10 +46,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("declarations",),
     ("store",),
     ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "steps_async", "children",
-     "progress", "app", "presentation"),
+     "progress", "app", "presentation", "jobs"),
     ("child",),
     ("keeper",),  # the lease keeper: the child's tree-killing, run by a process of its own
     ("supervisor", "cli", "console", "integrations"),  # integrations: Django, SQLAlchemy
+    ("testing",),  # the pytest plugin: drives supervisors, runs attempts as a child would
 )
 #: benchmarks/ sits above every layer of atlantis/.
 BENCHMARKS_LAYER = len(LAYERS)

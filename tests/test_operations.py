@@ -327,6 +327,10 @@ def test_estimate_counts_the_latest_checkpoint_and_gives_an_eta_only_while_runni
     assert guess.rate == pytest.approx(5.0)
     assert guess.eta_seconds == pytest.approx(18 * 60)
     finished = progress.estimate(points, pct=10, at=now, now=now, running=False)
-    assert finished.rate == pytest.approx(5.0) and finished.eta_seconds is None
+    assert finished == progress.Estimate(None, None)  # no rate either once it stopped
+    # From the current run only: what came before it started does not count.
+    resumed = progress.estimate(points, pct=10, at=now, now=now, running=True,
+                                since=T0 + timedelta(seconds=90))
+    assert resumed == progress.Estimate(None, None)
     assert progress.estimate([], pct=None, at=None, now=now, running=True) == progress.Estimate(
         None, None)

@@ -362,7 +362,10 @@ def test_tide_schedule_list(db_url: str, db: psycopg.Connection[Any]) -> None:
 def test_tide_schedule_list_on_a_database_without_schedules(admin_url: str) -> None:
     result = tide(admin_url, "schedule", "list", "--json")
     assert result.exit_code == 1
-    assert "tide db migrate" in result.stderr
+    # Under --json the error is one JSON object on stdout (issue 36).
+    error = orjson.loads(result.stdout)
+    assert "tide db migrate" in error["error"] and error["kind"]
+    assert "tide db migrate" in tide(admin_url, "schedule", "list").stderr
 
 
 # --------------------------------------------------------------------------- every slot, once

@@ -44,8 +44,9 @@ SQL_FILES = sorted((PACKAGE / "store").glob("*.sql")) + sorted(
 
 #: Named queries that LISTEN: run only on the LISTEN connections (the supervisor's, which
 #: ``--listen-database-url`` points past a pooler or ``--no-listen`` turns off, and the
-#: console's), never on a pooled one.
-LISTEN_QUERIES = {"listen", "console_listen"}
+#: console's), never on a pooled one; and ``atlantis.wait``'s, on its caller's connection
+#: only when that is no pooler's (it finds out first, and polls behind one).
+LISTEN_QUERIES = {"listen", "console_listen", "wait_listen", "wait_unlisten"}
 
 #: Named queries whose purpose is to reset a session: ``step_session_reset`` clears what an
 #: attempt's handler left on its child's step connection before the child's next attempt

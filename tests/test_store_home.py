@@ -15,8 +15,9 @@ from pathlib import Path
 ATLANTIS = Path(__file__).resolve().parent.parent / "atlantis"
 #: What the store may import of atlantis: the layers below it, and itself.
 BELOW_STORE = ("errors", "units", "limits", "environ", "protocol", "declarations", "store")
-#: A string that starts like an SQL statement.
-SQL_TEXT = re.compile(r"^\s*(SELECT|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|LISTEN|"
+#: A string that starts like an SQL statement (a command tag alone, "SELECT" as a cursor's
+#: statusmessage says it, is not one).
+SQL_TEXT = re.compile(r"^\s*(SELECT(?!$)|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|LISTEN|"
                       r"UNLISTEN|NOTIFY|WITH\s+\w+\s+AS)\b")
 
 

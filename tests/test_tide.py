@@ -184,8 +184,10 @@ def test_status_json_has_every_column_and_the_bounded_error_history(
                    "jsonb_build_object('attempt', %(n)s::int)), error_count = error_count + 1, "
                    "last_error = 'boom ' || %(n)s WHERE id = %(id)s", {"n": n, "id": job_id})
     doc = orjson.loads(tide(db_url, "job", "status", str(job_id), "--json").stdout)
-    assert list(doc) == [*JOB_COLUMNS, *COMPUTED, "attempts", "held", "handler_steps",
-                         "suspended_until", "children"]
+    assert list(doc) == [*JOB_COLUMNS, *COMPUTED, "attempts", "held", "no_handler", "warning",
+                         "handler_steps",
+                         "suspended_until", "children", "holder_silent",
+                         "holder_silent_seconds", "lease_ends_in_seconds"]
     assert table_columns(db) <= set(doc)  # a column added to atlantis.jobs must show here
     assert doc["error_count"] == 25 and [e["attempt"] for e in doc["errors"]] == list(range(6, 26))
     assert doc["timeout"] == 30.0 and doc["args"] == {"key": "errs", "value": None}
@@ -550,9 +552,15 @@ def test_a_missing_schema_is_one_line_and_exit_1(empty_db_url: str) -> None:
     for args in COMMANDS:
         out = tide(empty_db_url, *args, check=False)
         assert out.returncode == 1, (args, out.stderr)
-        assert out.stdout == "" and "Traceback" not in out.stderr, args
+        assert "Traceback" not in out.stderr, args
         last = out.stderr.strip().splitlines()
-        assert len(last) == 2 and last[0].startswith("atlantis: using database"), (args, out.stderr)
+        assert last[0].startswith("atlantis: using database"), (args, out.stderr)
+        if "--json" in args:  # the error as a JSON object on stdout (issue 36)
+            assert len(last) == 1 and orjson.loads(out.stdout) == {
+                "error": "the atlantis schema is missing; run `tide db migrate`",
+                "kind": "database"}, args
+            continue
+        assert out.stdout == "" and len(last) == 2, (args, out.stderr)
         assert last[1] == "tide: the atlantis schema is missing; run `tide db migrate`", args
 
 
@@ -572,6 +580,10 @@ def test_usage_errors_are_one_line_and_exit_2(db_url: str) -> None:
         out = tide(db_url, *args, check=False)
         assert out.returncode == 2, (args, out.stderr)
         lines = out.stderr.strip().splitlines()
+        if "--json" in args:  # the error as a JSON object on stdout (issue 36)
+            lines, doc = out.stdout.strip().splitlines(), orjson.loads(out.stdout)
+            assert out.stderr == "" and doc["kind"] == "usage", (args, out.stdout)
+            lines = [f"tide: {doc['error']}"]
         assert len(lines) == 1 and lines[0].startswith("tide: "), (args, out.stderr)
         assert "--help`)" in lines[0], lines[0]
     done = subprocess.run([str(BIN / "atlantis-supervise"), "--bogus"], capture_output=True,

@@ -38,6 +38,7 @@ from atlantis.store.deadline import (
 )
 from atlantis.store.migrate import schema_problem
 from atlantis.units import format_duration, int_problem, parse_duration
+from atlantis.usage import error_json, json_errors_wanted
 
 _Row = TypeVar("_Row")
 
@@ -51,9 +52,18 @@ _SCHEMA_ERRORS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
                   psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName)
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    """End the command with one line on stderr (``tide: ...``, escaped) and exit ``code``."""
-    click.echo(f"tide: {safe(message)}", err=True)
+def fail(message: str, code: int = 1, kind: str | None = None) -> NoReturn:
+    """End the command with one line on stderr (``tide: ...``, escaped) and exit ``code``.
+
+    Under ``--json`` the line is a JSON object on stdout instead, ``{"error": message,
+    "kind": kind}``, with the same exit status. ``kind``: ``usage`` (the default for exit
+    2), ``app``, ``not_found``, ``database`` or ``refused`` (the default for exit 1).
+    """
+    kind = kind or ("usage" if code == 2 else "refused")
+    if json_errors_wanted():
+        click.echo(error_json(message, kind))
+    else:
+        click.echo(f"tide: {safe(message)}", err=True)
     sys.exit(code)
 
 
@@ -127,7 +137,7 @@ def connection(ctx: click.Context, *, autocommit: bool = True,
     try:
         url = resolve_url(explicit)
     except Exception as exc:
-        fail(f"cannot start the embedded PostgreSQL: {exc}")
+        fail(f"cannot start the embedded PostgreSQL: {exc}", kind="database")
     try:
         check_url(url)
     except DatabaseUrlError as exc:
@@ -142,9 +152,10 @@ def connection(ctx: click.Context, *, autocommit: bool = True,
         conn = DeadlineConnection.connect(url, autocommit=autocommit, application_name="tide",
                                           prepare_threshold=None, **waits)
     except psycopg.errors.ConnectionTimeout:
-        fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}")
+        fail(f"cannot connect to {redact(url)}: {_too_slow(connect_timeout(connect_s))}",
+             kind="database")
     except (psycopg.Error, OSError) as exc:
-        fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}")
+        fail(f"cannot connect to {redact(url)}: {describe_db_error(exc, url)}", kind="database")
     statement_s = STATEMENT_DEADLINE if chosen is None else chosen
     if deadline and statement_s > 0:
         conn.statement_deadline = statement_s
@@ -154,15 +165,15 @@ def connection(ctx: click.Context, *, autocommit: bool = True,
             try:
                 yield conn
             except _SCHEMA_ERRORS:
-                fail(_schema_problem(conn))
+                fail(_schema_problem(conn), kind="database")
             except psycopg.OperationalError as exc:
                 if conn.deadline_passed is not None:  # cancelled by its deadline
-                    fail(f"the database gave {_too_slow(conn.deadline_passed)}")
-                fail(f"lost the database: {describe_db_error(exc, url)}")
+                    fail(f"the database gave {_too_slow(conn.deadline_passed)}", kind="database")
+                fail(f"lost the database: {describe_db_error(exc, url)}", kind="database")
             except psycopg.Error as exc:
-                fail(f"database error: {describe_db_error(exc, url)}")
+                fail(f"database error: {describe_db_error(exc, url)}", kind="database")
     except StatementDeadline as exc:
-        fail(f"the database gave {_too_slow(exc.seconds)}")
+        fail(f"the database gave {_too_slow(exc.seconds)}", kind="database")
 
 
 def _schema_problem(conn: psycopg.Connection[Any]) -> str:
@@ -180,14 +191,15 @@ def job_or_fail(conn: psycopg.Connection[Any], job_id: int) -> admin.JobRow:
     """The job's row; an unknown id ends the command with exit 1."""
     row = admin.get_job(conn, job_id)
     if row is None:
-        fail(f"no job with id {job_id}")
+        fail(f"no job with id {job_id}", kind="not_found")
     return row
 
 
 def check_queue(conn: psycopg.Connection[Any], queue: str | None) -> None:
     """A queue nothing names (no declaration, job, pause or supervisor) is a typo: say so."""
     if queue is not None and not fleet.queue_known(conn, queue):
-        fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it")
+        fail(f"unknown queue {queue!r}: no declaration, job or supervisor uses it",
+             kind="not_found")
 
 
 class DatabaseInt(click.ParamType[int]):

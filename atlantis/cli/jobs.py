@@ -46,7 +46,7 @@ from atlantis.presentation import (
     read_handler_steps,
     step_document,
 )
-from atlantis.store import admin, fleet, steps
+from atlantis.store import admin, fleet, liveness, steps
 from atlantis.store.typed_rows import as_dict
 from atlantis.units import format_duration
 
@@ -61,8 +61,9 @@ def job() -> None:
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON document: every column, plus rate, eta_seconds, stalled, attempts, "
-                   "held, handler_steps (records, bytes, the last few), suspended_for and "
-                   "suspended_until.")
+                   "held, no_handler, warning, handler_steps (records, bytes, the last few), "
+                   "suspended_for, suspended_until, and holder_silent, holder_silent_seconds "
+                   "and lease_ends_in_seconds (a running job's supervisor silent or not).")
 @click.pass_context
 def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """State, attempts, progress with rate and ETA, lease, timings and last error of a job,
@@ -73,14 +74,42 @@ def job_status(ctx: click.Context, job_id: int, as_json: bool) -> None:
         attempts = admin.job_attempts(conn, job_id)
         held = _held(conn, row)
         handler_steps = read_handler_steps(conn, row)
+        holder = liveness.job_holder(conn, job_id) if row.running else None
+        unserved = _no_handler(conn, row)
     if as_json:
         doc = job_document(row)
         doc["attempts"] = [as_dict(a) for a in attempts]
         doc["held"] = held
+        doc["no_handler"] = unserved
+        doc["warning"] = _warning(attempts)
         doc.update(handler_steps)
+        doc.update(liveness.holder_document(holder))
         print_json(doc)
     else:
-        click.echo(render.status_text(row, attempts, held=held, steps=handler_steps))
+        click.echo(render.status_text(row, attempts, held=held, steps=handler_steps,
+                                      holder=holder, notes=_notes(unserved, attempts)))
+
+
+def _warning(attempts: list[admin.AttemptRow]) -> str | None:
+    """The latest attempt's warning: what atlantis ended that it left running."""
+    return next((f"attempt {a.attempt}: {a.warning}" for a in reversed(attempts)
+                 if a.warning), None)
+
+
+def _notes(unserved: str | None, attempts: list[admin.AttemptRow]) -> list[tuple[str, str]]:
+    """The lines under a job's state a person should not miss: no handler, a warning."""
+    warning = _warning(attempts)
+    return ([("no handler", unserved)] if unserved else []) + (
+        [("warning", warning)] if warning else [])
+
+
+def _no_handler(conn: psycopg.Connection[Any], row: admin.JobRow) -> str | None:
+    """Why a waiting job will not run: no live supervisor serves its queue and job type
+    (None: one does, or the job is not waiting)."""
+    if row.state != "available" or fleet.job_served(conn, row.queue, row.job):
+        return None
+    return (f"no running supervisor serves {row.job} in queue {row.queue} "
+            f"(tide worker list)")
 
 
 def _held(conn: psycopg.Connection[Any], row: admin.JobRow) -> str | None:
@@ -142,15 +171,19 @@ def job_steps(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.option("--queue", default=None)
 @click.option("--state", default=None, type=click.Choice(admin.STATES))
 @click.option("--stalled", is_flag=True, help="Only running jobs past their stall threshold.")
+@click.option("--orphaned", is_flag=True,
+              help="Only running jobs whose supervisor is silent (not seen for two of its "
+                   "liveness intervals).")
 @click.option("--limit", default=50, show_default=True, type=LIMIT)
 @click.option("--json", "as_json", is_flag=True,
               help="Every column of each job, plus rate, eta_seconds and stalled.")
 @click.pass_context
 def job_list(ctx: click.Context, queue: str | None, state: str | None, stalled: bool,
-             limit: int, as_json: bool) -> None:
+             orphaned: bool, limit: int, as_json: bool) -> None:
     """Recent jobs, newest first."""
-    rows = listing_rows(ctx, lambda conn: admin.list_jobs(conn, queue=queue, state=state,
-                                                          stalled=stalled, limit=limit),
+    rows = listing_rows(ctx, lambda conn: liveness.orphaned_jobs(conn, queue=queue, limit=limit)
+                        if orphaned else admin.list_jobs(conn, queue=queue, state=state,
+                                                         stalled=stalled, limit=limit),
                         queue=queue)
     show_rows(rows, as_json, job_document, tables.job_table)
 
@@ -217,13 +250,14 @@ def job_cancel(ctx: click.Context, job_id: int) -> None:
         row = job_or_fail(conn, job_id)
         if after is None:
             fail(f"job {job_id} is {row.state}; nothing to cancel")
+        holder = liveness.job_holder(conn, job_id) if after == "running" else None
     if row.workflow_id is not None:
         what = "compensation of step" if row.compensation else "step"
         click.echo(f"job {job_id} is {what} {safe(row.step or '?')} of workflow "
                    f"{row.workflow_id}: the workflow is cancelled, with its compensations "
                    f"(tide workflow status {row.workflow_id})")
     elif after == "running":
-        click.echo(f"job {job_id} is running; its supervisor is stopping it")
+        click.echo(render.cancel_running_text(job_id, holder))
     else:
         click.echo(f"job {job_id} cancelled")
 
@@ -273,7 +307,7 @@ def job_logs(ctx: click.Context, job_id: int, run: int | None, attempt: int | No
         if run is None:
             run = row.run
         elif run > row.run:
-            fail(f"job {job_id} has no run {run} (it has had {row.run})")
+            fail(f"job {job_id} has no run {run} (it has had {row.run})", kind="not_found")
         current = run == row.run
         if attempt is None:
             attempt = (row.attempt if current and row.running
@@ -288,7 +322,8 @@ def job_logs(ctx: click.Context, job_id: int, run: int | None, attempt: int | No
                 known = max(known, row.attempt)
             if attempt > known:
                 where = "" if row.run == 1 else f" in run {run}"
-                fail(f"job {job_id} has no attempt {attempt}{where} (it has had {known})")
+                fail(f"job {job_id} has no attempt {attempt}{where} (it has had {known})",
+                     kind="not_found")
         which = (f"attempt {attempt} of job {job_id}" if row.run == 1
                  else f"run {run} attempt {attempt} of job {job_id}")
         if row.run > 1 and not as_json:

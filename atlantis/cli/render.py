@@ -18,6 +18,7 @@ from atlantis.cli.escape import safe
 from atlantis.limits import clamp_pct
 from atlantis.presentation import job_estimate, suspension_text
 from atlantis.store.admin import AttemptRow, JobRow, parse_worker
+from atlantis.store.liveness import Holder
 from atlantis.units import format_duration, format_size
 
 BAR_WIDTH = 30
@@ -102,10 +103,14 @@ def holder_text(worker: str | None) -> str:
 
 
 def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
-                held: str | None = None, steps: dict[str, Any] | None = None) -> str:
+                held: str | None = None, steps: dict[str, Any] | None = None,
+                holder: Holder | None = None,
+                notes: Sequence[tuple[str, str]] = ()) -> str:
     """``tide job status``: what a person asks of a job, one fact a line; ``held``: what
     limit holds it (``atlantis.limit_hold``), shown under its state; ``steps``: its handler
-    steps and what it sleeps for (``presentation.read_handler_steps``)."""
+    steps and what it sleeps for (``presentation.read_handler_steps``); ``holder``: a
+    running job's holder as the fleet sees it (silent or not); ``notes``: (label, text)
+    lines a person should not miss (``no handler``), shown under its state too."""
     now = job.db_now
     lines = [f"job {job.id}  {safe(job.job)}  queue {safe(job.queue)}"]
 
@@ -120,6 +125,8 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     add("state", f"{state}  {run}attempt {job.attempt}/{job.max_attempts}{flags}")
     if held:
         add("held", click.style(safe(held), fg="yellow"))
+    for label, note in notes:
+        add(label, click.style(safe(note), fg="yellow"))
     if steps is not None and steps.get("suspended_for") and job.state == "available":
         add(*suspension_line(steps["suspended_for"], steps["suspended_until"], now))
     if job.parent_id is not None:
@@ -136,14 +143,14 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     else:
         add("progress", f"{progress_bar(None)}  (no checkpoint yet)")
     guess = job_estimate(job)
-    if guess.rate is not None or job.running:
+    if job.running:  # a finished or waiting job has no rate or ETA (issue 36)
         eta = "-"
         if guess.eta_seconds is not None:
             eta = f"{short_duration(guess.eta_seconds)}" if guess.eta_seconds >= 1 else "now"
             eta += f" (about {_stamp(now + timedelta(seconds=guess.eta_seconds))})"
-        add("rate", f"{rate_text(guess.rate)}  ETA {eta}" if job.running else rate_text(guess.rate))
+        add("rate", f"{rate_text(guess.rate)}  ETA {eta}")
     if job.running:
-        for label, text in _lease_lines(job):
+        for label, text in _lease_lines(job, holder):
             add(label, text)
     elif job.claimed_by:
         add("worker", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")
@@ -184,10 +191,13 @@ def status_text(job: JobRow, attempts: Sequence[AttemptRow] = (), *,
     return "\n".join(lines)
 
 
-def _lease_lines(job: JobRow) -> list[tuple[str, str]]:
-    """A running job's holder, lease and last checkpoint: (label, text) lines."""
+def _lease_lines(job: JobRow, holder: Holder | None = None) -> list[tuple[str, str]]:
+    """A running job's holder (and whether it is silent), lease and last checkpoint:
+    (label, text) lines."""
     now = job.db_now
     out = [("holder", f"{holder_text(job.claimed_by)}  ({safe(job.claimed_by)})")]
+    if holder is not None and holder.silent:
+        out.append(("", click.style(silence_text(holder), fg="red", bold=True)))
     if job.claimed_until is not None:
         left = (job.claimed_until - now).total_seconds()
         expiry = f"expires {relative(job.claimed_until, now)}" if left > 0 else click.style(
@@ -199,6 +209,31 @@ def _lease_lines(job: JobRow) -> list[tuple[str, str]]:
     note = f"{quiet} {what}; stalled after {short_duration(job.stall_after)}"
     out.append(("checkpoint", click.style(note, fg="red") if job.stalled else note))
     return out
+
+
+def silence_text(holder: Holder) -> str:
+    """``holder silent for 42s; lease ends in 6m18s``: a running job whose supervisor was
+    not seen for two of its liveness intervals."""
+    silent = "holder silent" + (f" for {short_duration(holder.seen_seconds)}"
+                                if holder.seen_seconds is not None else " (no worker row)")
+    left = holder.lease_left
+    if left is None:
+        return silent
+    if left > 0:
+        return f"{silent}; lease ends in {short_duration(left)}"
+    return f"{silent}; lease ended {short_duration(left)} ago, the next rescue releases it"
+
+
+def cancel_running_text(job_id: int, holder: Holder | None) -> str:
+    """What ``tide job cancel`` says of a running job: its supervisor stops it, or, when
+    that supervisor is silent, that nobody may be there to, and when the job ends."""
+    if holder is None or not holder.silent:
+        return f"job {job_id} is running; its supervisor is stopping it"
+    ends = ("when the next rescue releases it" if holder.lease_left is None
+            or holder.lease_left <= 0 else f"in {short_duration(holder.lease_left)}, "
+            "when its lease ends (or sooner, if a supervisor on its host finds it gone)")
+    return (f"job {job_id} is running, but its {silence_text(holder).split(';')[0]}: the "
+            f"cancel is recorded, and the job ends cancelled {ends}")
 
 
 def children_text(by_state: dict[str, int]) -> str:

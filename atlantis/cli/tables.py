@@ -103,7 +103,9 @@ def job_table(jobs: Sequence[JobRow]) -> None:
         guess = job_estimate(job)
         eta = short_duration(guess.eta_seconds) if guess.eta_seconds is not None else ""
         rows.append([str(job.id), job.job, job.queue, state, f"{job.attempt}/{job.max_attempts}",
-                     bar, eta, when(job, now), job.progress_msg or "", job.last_error or ""])
+                     bar, eta, when(job, now), job.progress_msg or "",
+                     # an earlier attempt's error is no news once the job is complete
+                     "" if job.state == "complete" else job.last_error or ""])
     print_table(columns, rows)
 
 
@@ -205,6 +207,8 @@ def worker_table(workers: Sequence[WorkerRow]) -> None:
                 text += f" {format_size(int(j['rss']))}"
             jobs.append(text)
         status = styled(w.status, "yellow" if w.status != "running" else None)
+        if w.silent_for is not None:
+            status = styled(f"silent for {short_duration(w.silent_for)}", "red")
         rows.append([w.host, str(w.pid), ",".join(w.queues), status,
                      f"{w.in_flight}/{w.concurrency}", format_size(w.memory) if w.memory else "",
                      since(w.started_at, w.db_now), relative(w.seen_at, w.db_now),

@@ -38,9 +38,11 @@ from atlantis.cli.common import (
 )
 from atlantis.cli.doctor import doctor
 from atlantis.cli.escape import safe
+from atlantis.cli.job_wait import job_wait
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
 from atlantis.cli.schedules import schedule
+from atlantis.cli.server import server
 from atlantis.cli.workflows import workflow
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
@@ -48,10 +50,10 @@ from atlantis.presentation import job_document, worker_document
 from atlantis.store import admin, fleet, migrate, sync
 from atlantis.store.database import resolve_url
 from atlantis.store.typed_rows import as_dict
-from atlantis.usage import OneLineGroup
+from atlantis.usage import JsonErrorsGroup
 
 
-@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=JsonErrorsGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--database-url", default=None,
               help=f"libpq URL; default ${environ.DATABASE_URL} or embedded.")
 @click.option("--timeout", default=None, envvar=environ.TIDE_TIMEOUT, metavar="DURATION",
@@ -69,6 +71,7 @@ def main(ctx: click.Context, database_url: str | None, timeout: str | None) -> N
 
 
 main.add_command(job)
+job.add_command(job_wait)
 main.add_command(workflow)
 
 
@@ -277,7 +280,7 @@ def _load(app: str) -> atlantis.Registry:
     try:
         return load_app(app)
     except AtlantisError as exc:
-        fail(str(exc), code=2)
+        fail(str(exc), code=2, kind="app")
 
 
 @main.command("gen")
@@ -319,3 +322,4 @@ main.add_command(schedule)
 main.add_command(console)
 db.add_command(doctor)
 db.add_command(roles)
+db.add_command(server)

@@ -59,7 +59,7 @@ def workflow_or_fail(conn: psycopg.Connection[Any], workflow_id: int) -> Workflo
     """The workflow with its steps; an unknown id ends the command with exit 1."""
     found = get_workflow(conn, workflow_id)
     if found is None:
-        fail(f"no workflow with id {workflow_id}")
+        fail(f"no workflow with id {workflow_id}", kind="not_found")
     return found
 
 

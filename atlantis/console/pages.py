@@ -26,7 +26,7 @@ from atlantis.console.api import ApiError, db_of, settings_of
 from atlantis.console.auth import COOKIE, CSRF_FIELD, Principal, check_secret, identify, new_session
 from atlantis.console.data import children_of, job_doc, job_page_doc, redact_held, sparkline
 from atlantis.errors import JobNotFoundError, UniqueKeyTakenError
-from atlantis.store import admin, fleet
+from atlantis.store import admin, fleet, liveness
 from atlantis.store import console_queries as store
 from atlantis.store.schedules import list_schedules
 from atlantis.units import format_duration, format_size
@@ -124,6 +124,7 @@ async def overview(request: Request, who: Principal) -> Response:
     def read(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         return {"queues": api.overview_data(conn),
                 "stalled": admin.list_jobs(conn, stalled=True, limit=20),
+                "orphaned": liveness.orphaned_jobs(conn, limit=20),
                 "workers": fleet.list_workers(conn),
                 "estimate": store.estimated_jobs(conn)}
 
@@ -171,6 +172,8 @@ async def job(request: Request, who: Principal) -> Response:
         assert logs is not None
         doc = job_page_doc(conn, row, settings.redact, admin.job_attempts(conn, job_id))
         doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
+        doc.update(liveness.holder_document(
+            liveness.job_holder(conn, job_id) if row.running else None))
         return doc, logs, children_of(conn, doc)
 
     found = await db_of(request).run(read)

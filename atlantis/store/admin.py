@@ -150,6 +150,9 @@ class AttemptRow:
     error_kind: str | None
     log_lines: int
     log_dropped: int
+    warning: str | None = None
+    """What atlantis had to do about the attempt (migration 0030): the work it left running
+    that the supervisor ended."""
 
 
 @dataclass(frozen=True, slots=True)

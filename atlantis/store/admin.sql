@@ -10,9 +10,18 @@
 SELECT max(version) AS version FROM atlantis.schema_migrations
 
 -- name: worker_list
+-- Live supervisors, and expired ones that still hold running rows (migration 0029: shown
+-- silent until the rows are rescued). silent_for: seconds since the last mark of life of a
+-- silent one (liveness.sql says when a row is silent), NULL while it is not.
 SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, job_types, started_at,
-       seen_at, expires_at, now() AS db_now
-  FROM atlantis.workers WHERE expires_at > now() ORDER BY started_at
+       seen_at, expires_at, now() AS db_now, liveness_interval,
+       CASE WHEN CASE WHEN liveness_interval IS NULL THEN expires_at < now()
+                      ELSE now() - seen_at > make_interval(secs => 2 * liveness_interval) END
+            THEN extract(epoch FROM now() - seen_at)::float8 END AS silent_for
+  FROM atlantis.workers w
+ WHERE expires_at > now()
+    OR EXISTS (SELECT 1 FROM atlantis.jobs j WHERE j.state = 'running' AND j.claimed_by = w.id)
+ ORDER BY started_at
 
 -- name: job_get
 -- atlantis.job_rows (migration 0009): every column of atlantis.jobs, the stall threshold,
@@ -32,7 +41,7 @@ SELECT * FROM atlantis.job_rows
 -- The timeline: every attempt of a job that ended, oldest first, with its run (1, then one
 -- more after each retry: attempts count from 1 again in each run).
 SELECT id, run, attempt, worker, host, pid, child_pid, started_at, finished_at, outcome, error_kind,
-       log_lines, log_dropped
+       log_lines, log_dropped, warning
   FROM atlantis.attempts WHERE job_id = %(job_id)s ORDER BY id
 
 -- name: job_retry
@@ -194,6 +203,14 @@ SELECT EXISTS (SELECT 1 FROM atlantis.job_types WHERE queue = %(queue)s)
     OR EXISTS (SELECT 1 FROM atlantis.jobs WHERE queue = %(queue)s)
     OR EXISTS (SELECT 1 FROM atlantis.queues WHERE name = %(queue)s)
     OR EXISTS (SELECT 1 FROM atlantis.workers WHERE %(queue)s = ANY(queues)) AS known
+
+-- name: job_served
+-- Whether a live supervisor (its row not expired) serves the queue and the job type, as
+-- queue_stats' `unserved_jobs` decides it (`job_types` NULL: a supervisor of an earlier
+-- release, which serves every job of its queues).
+SELECT EXISTS (SELECT 1 FROM atlantis.workers w
+                WHERE w.expires_at > now() AND %(queue)s = ANY(w.queues)
+                  AND (w.job_types IS NULL OR %(job)s = ANY(w.job_types))) AS known
 
 -- name: queue_served
 -- A queue a declaration names or some supervisor has served (a registered one, or a job of

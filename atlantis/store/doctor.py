@@ -131,6 +131,7 @@ def diagnose(conn: Conn, *, xact_age: float = XACT_AGE, lease_grace: float = LEA
         *_jobs_storage(conn),
         _old_transactions(conn, xact_age),
         _expired_leases(conn, lease_grace, limit),
+        _silent_holders(conn, limit),
         _unserved_queues(conn),
         _unserved_jobs(conn),
         _unserved_declarations(conn, limit),
@@ -261,6 +262,24 @@ def _expired_leases(conn: Conn, grace: float, limit: int) -> Check:
     return Check("expired_leases", False,
                  f"{total} running rows are past their lease by more than {_duration(grace)}: "
                  "no live supervisor rescues them (start one on their queue)", rows)
+
+
+def _silent_holders(conn: Conn, limit: int) -> Check:
+    """A warning: supervisors that hold running rows and are silent (not seen for two of
+    their liveness intervals): their rows wait for their leases, or a same-host rescue."""
+    rows = _rows(conn, Q.doctor_silent_holders, {"limit": limit})
+    if not rows:
+        return Check("silent_holders", True, "every supervisor holding running rows is alive")
+    names = ", ".join(
+        f"{r['worker']} ({r['jobs']} running"
+        + (f", silent for {_duration(r['silent_seconds'])}" if r["silent_seconds"] is not None
+           else ", no worker row")
+        + (f", last lease ends in {_duration(r['last_lease_left'])})"
+           if r["last_lease_left"] > 0 else ", leases ended)") for r in rows)
+    return Check("silent_holders", True,
+                 f"{sum(int(r['jobs']) for r in rows)} running rows are held by "
+                 f"{len(rows)} silent supervisors: {names}; they run again once their "
+                 "leases end (tide job list --orphaned)", rows, warning=True)
 
 
 def _unserved_queues(conn: Conn) -> Check:

@@ -53,10 +53,12 @@ class QueueStats:
 
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
-    """A live supervisor (its registration has not expired); ``jobs`` are its in-flight
-    attempts, ``[{"job_id", "attempt", "child_pid", "rss"}]`` (``rss`` in bytes);
-    ``job_types`` the jobs it claims (None: a supervisor of an earlier release, which did not
-    say)."""
+    """A live supervisor (its registration has not expired), or one that expired while it
+    still holds running rows; ``jobs`` are its in-flight attempts, ``[{"job_id",
+    "attempt", "child_pid", "rss"}]`` (``rss`` in bytes); ``job_types`` the jobs it claims
+    (None: a supervisor of an earlier release, which did not say); ``silent_for``: seconds
+    since its last mark of life when it is silent (not seen for two of its
+    ``liveness_interval``), else None."""
 
     id: str
     host: str
@@ -71,6 +73,8 @@ class WorkerRow:
     seen_at: datetime
     expires_at: datetime
     db_now: datetime
+    liveness_interval: float | None = None
+    silent_for: float | None = None
 
     @property
     def memory(self) -> int:
@@ -118,7 +122,7 @@ def queue_stats(conn: Conn, *, cap: int = COUNT_CAP,
 
 
 def list_workers(conn: Conn) -> list[WorkerRow]:
-    """Live supervisors, oldest first."""
+    """Live supervisors, and silent ones that still hold running rows, oldest first."""
     return all_rows(conn, WorkerRow, Q.worker_list)
 
 
@@ -126,6 +130,12 @@ def queue_known(conn: Conn, queue: str) -> bool:
     """Whether a declaration, a job, a pause or a live supervisor names ``queue`` (else it is
     probably a typo)."""
     hit = one_row(conn, _Known, Q.queue_known, {"queue": queue})
+    return hit is not None and hit.known
+
+
+def job_served(conn: Conn, queue: str, job: str) -> bool:
+    """Whether a live supervisor serves ``queue`` and claims jobs of type ``job``."""
+    hit = one_row(conn, _Known, Q.job_served, {"queue": queue, "job": job})
     return hit is not None and hit.known
 
 

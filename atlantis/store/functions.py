@@ -35,7 +35,8 @@ from atlantis.errors import AtlantisError
 #: The files, in the order they are applied (every function they define exists already,
 #: made by a migration, so the order only matters for the views, which come last).
 FILES = ("types", "enqueue", "claims", "operators", "schedules", "counts", "workflows",
-         "workflow_operators", "limits", "limited_claims", "steps", "events", "children", "views")
+         "workflow_operators", "limits", "limited_claims", "steps", "events", "children", "liveness",
+         "views")
 
 #: Where each definition starts: each file holds one statement of this form per function or
 #: view, each followed by nothing but its comments and REVOKE lines.

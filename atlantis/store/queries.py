@@ -60,6 +60,7 @@ class Queries:
     job_log_attempt: LiteralString
     job_run_attempts: LiteralString
     queue_served: LiteralString
+    job_served: LiteralString
     schedule_now: LiteralString
     schedule_fire: LiteralString
     schedule_latest: LiteralString
@@ -122,6 +123,28 @@ class Queries:
     join_sweep: LiteralString
     job_children: LiteralString
     job_children_list: LiteralString
+    # reads.sql (issue 36: atlantis.get_job, list_jobs, wait; tide db server)
+    api_job_get: LiteralString
+    api_job_list: LiteralString
+    wait_listen: LiteralString
+    wait_unlisten: LiteralString
+    wait_state: LiteralString
+    server_databases: LiteralString
+    server_has_workers: LiteralString
+    server_supervisors: LiteralString
+    # testing.sql (issue 36: the test kit, atlantis.testing)
+    testing_prepare: LiteralString
+    testing_budget: LiteralString
+    testing_wake: LiteralString
+    testing_busy: LiteralString
+    testing_ends: LiteralString
+    # liveness.sql (issue 36: supervisors' marks of life, silent holders, same-host rescue)
+    worker_alive: LiteralString
+    worker_gone_candidates: LiteralString
+    rescue_gone: LiteralString
+    job_holder: LiteralString
+    job_list_orphaned: LiteralString
+    doctor_silent_holders: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -154,7 +177,8 @@ def _compact(body: str) -> str:
 def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
-             "workflows.sql", "steps.sql", "events.sql", "children.sql")
+             "workflows.sql", "steps.sql", "events.sql", "children.sql", "reads.sql",
+             "testing.sql", "liveness.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 

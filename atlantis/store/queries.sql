@@ -129,7 +129,7 @@ WITH r AS (
              backoff float8, error jsonb,
              has_progress bool, pct float8, msg text, label text, child_pid int,
              log_lines int, log_dropped int, result jsonb, wake timestamptz, waits text,
-             run_id uuid)
+             run_id uuid, warning text)
 ), cur AS (
     SELECT r.*, j.started_at AS attempt_started,
            -- Cancelled, but not by this outcome's own cancelled error: append one.
@@ -200,16 +200,19 @@ WITH r AS (
        -- statement at 6,000 rows, 0.3 ms a job at batch 10: benchmarks/store_cycle.py).
        AND j.id = ANY(ARRAY(SELECT cur.id FROM cur))
     RETURNING j.id, j.state, j.run, j.attempt, cur.attempt_started, cur.label, cur.cancelling,
-              cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped
+              cur.error->>'kind' AS error_kind, cur.child_pid, cur.log_lines, cur.log_dropped,
+              cur.warning
 ), timeline AS (
+    -- `warning` (migration 0030): what atlantis had to end that the attempt left running.
     INSERT INTO atlantis.attempts (job_id, run, attempt, worker, host, pid, child_pid,
-                                   started_at, outcome, error_kind, log_lines, log_dropped)
+                                   started_at, outcome, error_kind, log_lines, log_dropped,
+                                   warning)
     SELECT done.id, done.run, done.attempt + CASE WHEN done.state = 'available' AND done.label IN
                                             ('snooze', 'release', 'suspend') THEN 1 ELSE 0 END,
            %(worker)s, %(host)s, %(pid)s, done.child_pid, done.attempt_started,
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.label END,
            CASE WHEN done.cancelling THEN 'cancelled' ELSE done.error_kind END,
-           done.log_lines, done.log_dropped
+           done.log_lines, done.log_dropped, left(done.warning, 4096)
       FROM done
      -- A row given back before any child ran it (claimed ahead) had no attempt.
      WHERE NOT (done.label = 'release' AND done.child_pid IS NULL)
@@ -226,8 +229,17 @@ WITH r AS (
         SELECT pg_notify('atlantis_progress', json_agg(id)::text)
           FROM (SELECT id, (row_number() OVER ()) / 300 AS chunk FROM done) c
          GROUP BY chunk) g
+), ended AS MATERIALIZED (
+    -- atlantis.wait hears which jobs ended: one NOTIFY for the whole statement, the ids as a
+    -- comma list, or empty ("check yours") when they do not fit in a payload (8000 bytes).
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('atlantis_finished',
+                         CASE WHEN octet_length(e.ids) < 8000 THEN e.ids ELSE '' END)
+          FROM (SELECT string_agg(id::text, ',') AS ids FROM done
+                 WHERE state IN ('complete', 'dead', 'cancelled')) e
+         WHERE e.ids IS NOT NULL) g
 )
-SELECT done.id, done.state FROM done CROSS JOIN note
+SELECT done.id, done.state FROM done CROSS JOIN note CROSS JOIN ended
 
 -- name: rescue
 -- Fires jobs_workflow_advance (the workflow engine, live/workflows.sql) for a step's row.
@@ -284,8 +296,16 @@ WITH expired AS MATERIALIZED (
     SELECT id, run, attempt, worker, started_at, 'lease_expired',
            CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'lease_expired' END
       FROM done
+), ended AS MATERIALIZED (
+    -- atlantis.wait hears which jobs ended dead or cancelled (as `finish` says it).
+    SELECT count(*) AS sent FROM (
+        SELECT pg_notify('atlantis_finished',
+                         CASE WHEN octet_length(e.ids) < 8000 THEN e.ids ELSE '' END)
+          FROM (SELECT string_agg(id::text, ',') AS ids FROM done
+                 WHERE state IN ('dead', 'cancelled')) e
+         WHERE e.ids IS NOT NULL) g
 )
-SELECT id, state, queue FROM done
+SELECT id, state, queue FROM done CROSS JOIN ended
 
 -- name: workflow_sweep
 -- Workflows past their deadline fail; cancels a race skipped are sent again (migration 0017).
@@ -296,17 +316,25 @@ SELECT atlantis.workflow_sweep(%(batch)s)
 SELECT atlantis.limit_sweep(%(batch)s)
 
 -- name: worker_upsert
--- job_types: the jobs it claims (they change with a reload; migration 0014).
+-- job_types: the jobs it claims (they change with a reload; migration 0014). The liveness
+-- interval and the host's boot id (migration 0029): liveness.sql.
 INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,
-                              jobs, job_types)
+                              jobs, job_types, liveness_interval, boot_id)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(status)s,
-        now() + make_interval(secs => %(ttl)s), %(jobs)s, %(job_types)s)
+        now() + make_interval(secs => %(ttl)s), %(jobs)s, %(job_types)s,
+        %(liveness_interval)s, %(boot_id)s)
 ON CONFLICT (id) DO UPDATE SET
     in_flight = excluded.in_flight, status = excluded.status, seen_at = now(),
     expires_at = excluded.expires_at, jobs = excluded.jobs, job_types = excluded.job_types
 
 -- name: worker_delete
-DELETE FROM atlantis.workers WHERE id = %(id)s OR expires_at < now() - interval '1 hour'
+-- Rows expired an hour ago go too, unless their supervisor still holds running rows: those
+-- stay, shown silent, until the rows are rescued (migration 0029).
+DELETE FROM atlantis.workers w
+ WHERE w.id = %(id)s
+    OR (w.expires_at < now() - interval '1 hour'
+        AND NOT EXISTS (SELECT 1 FROM atlantis.jobs j
+                         WHERE j.state = 'running' AND j.claimed_by = w.id))
 
 -- name: backend_pid
 -- The pid of the server process serving this statement: behind a pooler it is not the one

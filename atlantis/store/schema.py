@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from atlantis.errors import AtlantisError
+from atlantis.store import databases
 from atlantis.store.migrate import migrate, migrations
 
 FILE = "schema.sql"
@@ -86,9 +86,8 @@ def generate(url: str) -> str:
         if major != default_major():
             raise WrongMajorError(f"the server runs PostgreSQL {major}; {FILE} is written on "
                                   f"PostgreSQL {default_major()}, the embedded default")
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(scratch)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(scratch)))
+        databases.drop(conn, scratch)
+        databases.create(conn, scratch)
     try:
         scratch_url = psycopg.conninfo.make_conninfo(url, dbname=scratch)
         with psycopg.connect(scratch_url) as conn:
@@ -99,8 +98,7 @@ def generate(url: str) -> str:
             capture_output=True, text=True, check=True).stdout
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(scratch)))
+            databases.drop(conn, scratch)
     return normalize(dump)
 
 

@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0028) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0030) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -570,6 +570,14 @@ CREATE FUNCTION atlantis.record_step(job_id bigint, run_id uuid, name text, kind
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: rescue_gone(text, text, double precision); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.rescue_gone(worker text, rescuer text, max_backoff double precision) RETURNS TABLE(id bigint, state text, queue text)
+    LANGUAGE sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: resume(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -1006,7 +1014,9 @@ CREATE TABLE atlantis.attempts (
     error_kind text,
     log_lines integer DEFAULT 0 NOT NULL,
     log_dropped integer DEFAULT 0 NOT NULL,
-    run integer DEFAULT 1 NOT NULL
+    run integer DEFAULT 1 NOT NULL,
+    warning text,
+    CONSTRAINT attempts_warning_check CHECK (((warning IS NULL) OR (length(warning) <= 4096)))
 );
 
 --
@@ -1297,7 +1307,9 @@ CREATE TABLE atlantis.workers (
     seen_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     jobs jsonb DEFAULT '[]'::jsonb NOT NULL,
-    job_types text[]
+    job_types text[],
+    liveness_interval double precision,
+    boot_id text
 );
 
 --

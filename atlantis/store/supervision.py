@@ -134,6 +134,9 @@ class Result:
     """A suspended run (``suspend``): when the row runs again (its run_at)."""
     waits: str | None = None
     """A suspended run: what it waits for (the row's suspended_for)."""
+    warning: str | None = None
+    """What atlantis had to end that the attempt left running (its attempt's ``warning``,
+    migration 0030)."""
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
@@ -173,6 +176,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
             "result": None if r.result is None else orjson.Fragment(r.result),
             "wake": r.wake, "waits": r.waits,
             "run_id": None if r.run_id is None else str(r.run_id),
+            "warning": r.warning,
         } for r in batch]).decode(),
         "host": host,
         "pid": pid,

@@ -34,6 +34,10 @@ class WorkerReport:
     jobs: list[dict[str, Any]]
     """The attempts in flight: job_id, attempt, child_pid, rss."""
     job_types: list[str]
+    liveness_interval: float
+    """Seconds between its marks of life (migration 0029)."""
+    boot_id: str | None
+    """Which boot of its host it runs in (/proc/sys/kernel/random/boot_id)."""
 
 
 async def worker_upsert(db: Connection, w: WorkerReport) -> None:
@@ -41,6 +45,7 @@ async def worker_upsert(db: Connection, w: WorkerReport) -> None:
         "id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
         "concurrency": w.concurrency, "in_flight": w.in_flight, "status": w.status,
         "ttl": w.ttl, "jobs": Jsonb(w.jobs), "job_types": w.job_types,
+        "liveness_interval": w.liveness_interval, "boot_id": w.boot_id,
     }, timeout=5)
 
 

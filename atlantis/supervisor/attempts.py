@@ -51,6 +51,8 @@ class Attempt:
     """The handler was told the supervisor is draining (``ctx.stopping``): once."""
     log_lines: int = 0
     log_dropped: int = 0
+    warning: str | None = None
+    """What atlantis had to end that the attempt left running (written on its attempt)."""
     span: Any = None
     """Its OpenTelemetry span while tracing is on (:mod:`atlantis.supervisor.tracing`)."""
     span_ended: bool = False

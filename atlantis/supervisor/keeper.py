@@ -21,6 +21,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 
+from atlantis.supervisor import identity
+
 log = logging.getLogger("atlantis.supervisor")
 
 #: A keeper that dies is started again after this long at the least (a crash loop costs little).
@@ -54,7 +56,7 @@ class LeaseKeeper:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.keeper", "--socket-fd", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(), *identity.inherited()), stdin=subprocess.DEVNULL,
                 start_new_session=True, env=self.env,
             )
         except OSError as exc:

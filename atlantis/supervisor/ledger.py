@@ -179,7 +179,8 @@ class Ledger:
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
                                      a.child_pid, a.log_lines, a.log_dropped, a.run,
                                      outcome.result, outcome.backoff, a.row.workflow_id,
-                                     a.row.run_id, outcome.wake, outcome.waits)))
+                                     a.row.run_id, outcome.wake, outcome.waits,
+                                     a.warning)))
         self.on_ended()
 
     def take_ended(self, most: int) -> list[tuple[Attempt, Result]]:

@@ -290,6 +290,11 @@ class Pool(Service):
         if msg.leftovers:
             log.warning("%s: the handler returned but left work running: %s; terminated it",
                         a.tag(), policy.clip("; ".join(msg.leftovers), 4096), extra=a.log_extra())
+            # Said on the attempt too, where people look (tide job status, the console).
+            a.warning = policy.clip("the handler returned but left work running: "
+                                    f"{'; '.join(msg.leftovers)}; atlantis ended it", 4096)
+            if child.label is not None:
+                self.logs.line(child.label, "stderr", f"atlantis: {a.warning}")
             child.state = "retiring"  # it exits by itself; a fresh child replaces it
         elif msg.retire is not None:
             # The handler changed the child's process in a way it could not undo: the next

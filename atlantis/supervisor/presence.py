@@ -2,7 +2,10 @@
 
 Started first and stopped last: the worker row exists before the first claim and is deleted
 after the last outcome is written. The row is refreshed every ``worker_refresh`` (and at
-once when the jobs served change); STATUS follows the attempts in flight; WATCHDOG is sent
+once when the jobs served change), and marked alive every ``liveness_interval`` whatever
+the jobs' heartbeats (a row not marked for two intervals is silent); the lock file that
+proves this supervisor gone once it is (:mod:`identity`) is held from before the row is
+written until after it is deleted. STATUS follows the attempts in flight; WATCHDOG is sent
 from here.
 """
 
@@ -14,8 +17,10 @@ import os
 import socket
 from collections.abc import Callable
 
+from atlantis.store import liveness
 from atlantis.store import upkeep as sql
 from atlantis.store.upkeep import WorkerReport
+from atlantis.supervisor import identity
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -34,10 +39,13 @@ class Presence(Service):
         self.children = children
         self.served = served
         self.refresh = asyncio.Event()
+        self.folder = identity.runtime_dir(rt.settings.runtime_dir)
+        self.lock = -1
+        """This supervisor's lock file's descriptor, held while it runs (-1: none)."""
         """Set when the jobs served changed (a reload): the worker row says so at once."""
 
     def loops(self) -> list[Loop]:
-        return [self._worker_loop, self._status_loop]
+        return [self._worker_loop, self._liveness_loop, self._status_loop]
 
     async def start(self) -> None:
         """Metrics served, the worker row written; then the loops."""
@@ -46,12 +54,14 @@ class Presence(Service):
         if s.metrics_port:
             rt.metrics.serve(s.metrics_port, s.metrics_host)
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, s.metrics_port)
+        self.lock = identity.hold(self.folder, rt.worker_id)
         await self.register()
         await super().start()
 
     async def stop(self) -> None:
         await self.cancel_loops()
         await self.unregister()
+        identity.release(self.folder, self.rt.worker_id, self.lock)
         self.rt.notifier.close()
 
     # ---- the worker row -------------------------------------------------------------------
@@ -64,6 +74,17 @@ class Presence(Service):
                 pass
             self.refresh.clear()
             await self.register()
+
+    async def _liveness_loop(self) -> None:
+        """The mark of life, every ``liveness_interval``: independent of any job's heartbeat,
+        so that a supervisor gone (or stopped) is seen silent within two intervals."""
+        rt = self.rt
+        while True:
+            await asyncio.sleep(rt.settings.liveness_interval)
+            try:
+                await liveness.worker_alive(self.db, rt.worker_id, rt.settings.worker_ttl)
+            except (DatabaseUnavailable, StatementRejected):
+                pass
 
     async def register(self) -> None:
         """Write the worker row (and read the queue, limit and workflow gauges): with ``--rss-per-refresh``
@@ -87,7 +108,8 @@ class Presence(Service):
                 id=rt.worker_id, host=socket.gethostname(), pid=os.getpid(),
                 queues=list(s.queues), concurrency=s.concurrency, in_flight=len(attempts),
                 status="draining" if rt.draining else "running", ttl=s.worker_ttl,
-                jobs=jobs, job_types=self.served()))
+                jobs=jobs, job_types=self.served(),
+                liveness_interval=s.liveness_interval, boot_id=identity.boot_id()))
             stalled, dead = await sql.queue_gauges(self.db, list(s.queues))
         except (DatabaseUnavailable, StatementRejected):
             return

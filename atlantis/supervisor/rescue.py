@@ -7,16 +7,21 @@ waiting to be written come first: rescued, they would be run again. The same tic
 workflow sweep (atlantis.workflow_sweep): workflows past their deadline, the one workflow
 transition that only time finds; forgets the rate windows that ended
 (atlantis.limit_sweep); and wakes the waits for an event or a join that no send or child's
-end woke (atlantis.event_sweep, atlantis.join_sweep).
+end woke (atlantis.event_sweep, atlantis.join_sweep). From the first tick on, it also
+releases at once the running rows of a supervisor of this host that is provably gone (its
+lock file free, none of its processes left: :mod:`identity`), instead of waiting for their
+leases to end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
+from atlantis.store import liveness
 from atlantis.store import supervision as sql
-from atlantis.supervisor import policy
+from atlantis.supervisor import identity, policy
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -68,3 +73,35 @@ class Rescue(Service):
                         extra={"job_id": r.id, "queue": r.queue})
         if rows:
             rt.wake.set()
+        try:
+            await self.rescue_gone()
+        except (DatabaseUnavailable, StatementRejected):
+            pass
+
+    async def rescue_gone(self) -> None:
+        """The rows of the supervisors of this host that are provably gone, released now."""
+        rt = self.rt
+        folder = identity.runtime_dir(rt.settings.runtime_dir)
+        boot = identity.boot_id()
+        if folder is None or boot is None:
+            return
+        for worker in await liveness.gone_candidates(self.db, rt.worker_id,
+                                                     socket.gethostname(), boot):
+            proof = await asyncio.to_thread(identity.gone, folder, worker)
+            if isinstance(proof, str):
+                log.debug("worker %s is not known to be gone: %s", worker, proof)
+                continue
+            try:
+                rows = await liveness.rescue_gone(self.db, worker, rt.worker_id,
+                                                  rt.settings.max_backoff)
+            except BaseException:
+                identity.forget(folder, worker, proof, unlink=False)  # the next tick, again
+                raise
+            identity.forget(folder, worker, proof)
+            rt.metrics.rescued.inc(len(rows))
+            for r in rows:
+                log.warning("job=%s: worker %s is gone (its lock free, none of its processes "
+                            "left on this host); now %s", r.id, worker, r.state,
+                            extra={"job_id": r.id, "queue": r.queue})
+            if rows:
+                rt.wake.set()

@@ -104,6 +104,12 @@ class Settings:
                              default=30.0, hidden=True)
     worker_refresh: float = _opt("duration", "How often the worker row is refreshed.",
                                  default=5.0, hidden=True)
+    liveness_interval: float = _opt("duration", "How often the supervisor marks its worker "
+                                    "row alive, whatever its jobs' heartbeats; not seen for "
+                                    "two of these, it is silent.", default=5.0, hidden=True)
+    runtime_dir: str = _opt("str", "Where the supervisor's lock file goes (a local folder of "
+                            "its user's own): default $XDG_RUNTIME_DIR/atlantis, else "
+                            "/tmp/atlantis-UID.", default="", hidden=True)
     listen_ping: float = _opt("duration", "A quiet LISTEN connection re-issues LISTEN this often "
                               "(a half-open one never errors).", default=15.0, hidden=True)
     claim_timeout: float = _opt("duration", "Deadline of one claim.", default=5.0, hidden=True)
@@ -212,8 +218,9 @@ class Settings:
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
-                     "finish_timeout", "worker_refresh", "listen_ping", "memory_interval",
-                     "cancel_poll", "pause_poll", "log_flush_interval", "claim_ahead_hold",
+                     "finish_timeout", "worker_refresh", "liveness_interval", "listen_ping",
+                     "memory_interval", "cancel_poll", "pause_poll", "log_flush_interval",
+                     "claim_ahead_hold",
                      "claim_ahead_window", "fork_timeout", "reload_timeout", "connect_timeout",
                      "reconnect_first", "reconnect_max"):
             if getattr(self, name) <= 0:

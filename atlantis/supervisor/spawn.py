@@ -14,6 +14,7 @@ import sys
 
 from atlantis import environ
 from atlantis.protocol.leasecell import LeaseCell
+from atlantis.supervisor import identity
 from atlantis.supervisor.children import Child, Forker, Owner
 from atlantis.supervisor.keeper import LeaseKeeper
 from atlantis.supervisor.output import OutputLog
@@ -101,7 +102,8 @@ def spawn_child(app: str, env: dict[str, str], generation: int, loop: asyncio.Ab
                 [sys.executable, "-m", "atlantis.child", "--app", app,
                  "--control-fd", str(ctl_r), "--events-fd", str(ev_w),
                  "--lease-fd", str(cell_fd), "--parent-pid", str(os.getpid())],
-                pass_fds=(ctl_r, ev_w, cell_fd), stdin=subprocess.DEVNULL, stdout=out_w,
+                pass_fds=(ctl_r, ev_w, cell_fd, *identity.inherited()),
+                stdin=subprocess.DEVNULL, stdout=out_w,
                 stderr=err_w,
                 start_new_session=True, env=env,
             )

@@ -32,6 +32,7 @@ from atlantis.protocol.messages import (
     decode,
     dumps,
 )
+from atlantis.supervisor import identity
 from atlantis.supervisor.children import read_ready
 
 log = logging.getLogger("atlantis.supervisor")
@@ -61,7 +62,7 @@ class Zygote:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "atlantis.child.zygote", "--app", app,
                  "--socket-fd", str(theirs.fileno()), "--parent-pid", str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(), *identity.inherited()), stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env,
             )

@@ -52,6 +52,8 @@ BEGIN
                errors = atlantis.errors_append(errors, atlantis.cancel_entry(j.run, j.attempt, who)
                                                        || jsonb_build_object('at', now()))
          WHERE id = j.id;
+        -- atlantis.wait hears that it ended (the channel `finish` notifies; issue 36).
+        PERFORM pg_notify('atlantis_finished', j.id::text);
         RETURN 'cancelled';
     END IF;
     IF j.state = 'running' THEN

@@ -226,6 +226,7 @@ BEGIN
                errors = atlantis.errors_append(j.errors, atlantis.cancel_entry(j.run, j.attempt, who)
                                                          || jsonb_build_object('at', now()))
          WHERE j.id = r.id AND j.state = 'available';
+        PERFORM pg_notify('atlantis_finished', r.id::text);  -- atlantis.wait (issue 36)
         n := n + 1;
     END LOOP;
     FOR r IN SELECT j.id, j.claimed_by FROM atlantis.jobs j
