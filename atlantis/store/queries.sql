@@ -243,69 +243,20 @@ SELECT done.id, done.state FROM done CROSS JOIN note CROSS JOIN ended
 
 -- name: rescue
 -- Fires jobs_workflow_advance (the workflow engine, live/workflows.sql) for a step's row.
--- Rows whose lease expired: their worker is presumed dead. The attempt counts as failed and
--- the row is re-dispatched at once (or sent to dead; or to cancelled if a cancel was
--- requested). Unless the previous attempt of its run also ended by a lease expiry (the last
--- error is that attempt's `lease_expired`): an attempt that takes its supervisor down would
--- otherwise be retried in a tight loop across the fleet, so from the second expiry in a row
--- on the row waits the job's backoff, as after a failed attempt (atlantis.retry_delay, at
--- most `max_backoff` seconds). The WHERE clause is re-checked on the locked row, so a row
--- that completed meanwhile is left alone.
+-- Rows whose lease expired: their worker is presumed dead. atlantis.rescue_rows applies the
+-- rescue's rule (live/liveness.sql: the attempt fails; the row goes back, to dead or to
+-- cancelled; from the second expiry in a row on, after the job's backoff). The rows are
+-- locked here, oldest lease first; the function re-checks that each is still running.
 WITH expired AS MATERIALIZED (
     SELECT id FROM atlantis.jobs
      WHERE state = 'running' AND claimed_until < now()
      ORDER BY claimed_until
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-), done AS (
-    UPDATE atlantis.jobs j
-       SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                        WHEN atlantis.out_of_attempts(j.attempt, j.max_attempts) THEN 'dead'
-                        ELSE 'available' END,
-           run_at = now() + CASE
-               WHEN j.cancel_requested_at IS NULL
-                    AND NOT atlantis.out_of_attempts(j.attempt, j.max_attempts)
-                    AND j.errors->-1 @> jsonb_build_object('kind', 'lease_expired', 'run', j.run,
-                                                           'attempt', j.attempt - 1)
-               THEN atlantis.retry_delay(j.backoff, j.attempt,
-                                         make_interval(secs => %(max_backoff)s::float8))
-               ELSE interval '0' END,
-           claimed_until = NULL,
-           finished_at = CASE WHEN atlantis.out_of_attempts(j.attempt, j.max_attempts)
-                                   OR j.cancel_requested_at IS NOT NULL THEN now() END,
-           last_error = CASE WHEN j.cancel_requested_at IS NOT NULL
-                             THEN atlantis.cancel_message(j.cancelled_by)
-                             ELSE format('lease expired, worker %%s presumed dead', j.claimed_by) END,
-           error_count = j.error_count + 1,
-           errors = atlantis.errors_append(j.errors, CASE
-               WHEN j.cancel_requested_at IS NOT NULL
-               THEN atlantis.cancel_entry(j.run, j.attempt, j.cancelled_by) || jsonb_build_object(
-                    'message', atlantis.cancel_message(j.cancelled_by)
-                               || format(' (lease expired, worker %%s presumed dead)', j.claimed_by))
-               ELSE jsonb_build_object(
-                    'run', j.run, 'attempt', j.attempt, 'kind', 'lease_expired',
-                    'message', format('lease expired, worker %%s presumed dead', j.claimed_by))
-               END || jsonb_build_object('at', now(), 'worker', j.claimed_by,
-                                         'rescued_by', %(worker)s::text))
-      FROM expired
-     WHERE j.id = expired.id AND j.state = 'running' AND j.claimed_until < now()
-    RETURNING j.id, j.state, j.queue, j.run, j.attempt, j.started_at,
-              j.errors->-1->>'worker' AS worker
-), timeline AS (
-    INSERT INTO atlantis.attempts (job_id, run, attempt, worker, started_at, outcome, error_kind)
-    SELECT id, run, attempt, worker, started_at, 'lease_expired',
-           CASE WHEN state = 'cancelled' THEN 'cancelled' ELSE 'lease_expired' END
-      FROM done
-), ended AS MATERIALIZED (
-    -- atlantis.wait hears which jobs ended dead or cancelled (as `finish` says it).
-    SELECT count(*) AS sent FROM (
-        SELECT pg_notify('atlantis_finished',
-                         CASE WHEN octet_length(e.ids) < 8000 THEN e.ids ELSE '' END)
-          FROM (SELECT string_agg(id::text, ',') AS ids FROM done
-                 WHERE state IN ('dead', 'cancelled')) e
-         WHERE e.ids IS NOT NULL) g
 )
-SELECT id, state, queue FROM done CROSS JOIN ended
+SELECT r.id, r.state, r.queue
+  FROM atlantis.rescue_rows(ARRAY(SELECT id FROM expired), %(worker)s::text,
+                            %(max_backoff)s::float8, false) r
 
 -- name: workflow_sweep
 -- Workflows past their deadline fail; cancels a race skipped are sent again (migration 0017).

@@ -578,6 +578,22 @@ CREATE FUNCTION atlantis.rescue_gone(worker text, rescuer text, max_backoff doub
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: rescue_message(text, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.rescue_message(worker text, gone boolean) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: rescue_rows(bigint[], text, double precision, boolean); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.rescue_rows(ids bigint[], rescuer text, max_backoff double precision, gone boolean) RETURNS TABLE(id bigint, state text, queue text)
+    LANGUAGE sql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: resume(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 

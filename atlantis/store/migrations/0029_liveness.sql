@@ -14,3 +14,10 @@ ALTER TABLE atlantis.workers ADD COLUMN boot_id text;
 CREATE FUNCTION atlantis.rescue_gone(worker text, rescuer text, max_backoff float8)
 RETURNS TABLE (id bigint, state text, queue text)
 LANGUAGE sql AS $$ SELECT NULL::bigint, NULL::text, NULL::text WHERE false $$;
+-- The rescue's rule, once: the rescue statement and atlantis.rescue_gone both apply it.
+CREATE FUNCTION atlantis.rescue_rows(ids bigint[], rescuer text, max_backoff float8,
+                                     gone boolean)
+RETURNS TABLE (id bigint, state text, queue text)
+LANGUAGE sql AS $$ SELECT NULL::bigint, NULL::text, NULL::text WHERE false $$;
+CREATE FUNCTION atlantis.rescue_message(worker text, gone boolean) RETURNS text
+LANGUAGE sql AS $$ SELECT NULL::text $$;
