@@ -212,10 +212,42 @@ def db_migrate(ctx: click.Context, app: str | None) -> None:
 
 @db.command("sync")
 @click.option("--app", envvar=environ.APP, required=True)
+@click.option("--prune", is_flag=True,
+              help="Also remove the app's declarations it no longer declares (a dry run "
+                   "without --yes).")
+@click.option("--yes", is_flag=True, help="With --prune: remove them (else only say what).")
+@click.option("--namespace", "namespaces", multiple=True, metavar="NS",
+              help="With --prune: treat NS as the app's too (a namespace it no longer uses).")
 @click.pass_context
-def db_sync(ctx: click.Context, app: str) -> None:
-    """Store the app's declarations in the database (enqueues validate against them)."""
+def db_sync(ctx: click.Context, app: str, prune: bool, yes: bool,
+            namespaces: tuple[str, ...]) -> None:
+    """Store the app's declarations in the database (enqueues validate against them).
+
+    With --prune, also remove the declarations the app no longer declares. An app's own
+    declarations are those in the namespaces its jobs and workflows use (durable for
+    "job Import in durable"; --namespace adds one): the database records no app, and a
+    namespace belongs to one app. Without --yes it is a dry run: it prints one line per
+    declaration, "would remove job NAME" or "kept job NAME: REASONS", and changes
+    nothing (it does not sync either). With --yes it syncs, then removes the removable ones
+    in one transaction, the declarations locked and the reasons checked again under the
+    locks, and prints "removed ..." and "kept ..." lines.
+
+    A job declaration is kept while it has waiting or running rows, a schedule (ship a
+    release declaring it without its schedule first), a workflow declaration of any app
+    whose steps or compensations use it, or a live supervisor serving it (an older release
+    of a rolling deploy). A workflow declaration is kept while it has instances not ended
+    (running, compensating, or compensation_failed and not dismissed). The kept ones never
+    stop the others: with --yes the removable ones go. The exit status is 1 when anything
+    was kept, so scripts notice; 0 otherwise.
+    """
+    if (yes or namespaces) and not prune:
+        fail("--yes and --namespace go with --prune", code=2)
     registry = _load(app)
+    if prune:
+        from atlantis.cli.sync_prune import sync_prune
+
+        sync_prune(ctx, registry, yes, namespaces)
+        return
     with connection(ctx, autocommit=False, deadline=False) as conn:
         migrate(conn)
         sync(conn, list(registry.decls.values()), registry.workflows.values())

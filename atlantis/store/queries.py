@@ -145,6 +145,13 @@ class Queries:
     job_holder: LiteralString
     job_list_orphaned: LiteralString
     doctor_silent_holders: LiteralString
+    # prune.sql (issue 36: tide db sync --prune)
+    prune_workflows: LiteralString
+    prune_jobs: LiteralString
+    prune_lock_workflows: LiteralString
+    prune_lock_jobs: LiteralString
+    prune_delete_workflows: LiteralString
+    prune_delete_jobs: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -178,7 +185,7 @@ def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
              "workflows.sql", "steps.sql", "events.sql", "children.sql", "reads.sql",
-             "testing.sql", "liveness.sql")
+             "testing.sql", "liveness.sql", "prune.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 
