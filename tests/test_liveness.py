@@ -63,6 +63,7 @@ def test_a_killed_supervisor_is_silent_and_one_restarted_on_its_host_runs_its_jo
     job_id = _long_job(db, "killed", 60)
     wait_for(_started(db, "killed", 1), message="the first attempt")
     worker = job_row(db, job_id)["claimed_by"]
+    lease_end = job_row(db, job_id)["claimed_until"]
     first.signal(signal.SIGKILL)
     first.wait()
     status = wait_for(lambda: (out := _tide(db_url, "job", "status", str(job_id)).stdout)
@@ -78,9 +79,12 @@ def test_a_killed_supervisor_is_silent_and_one_restarted_on_its_host_runs_its_jo
     doctor = _json(_tide(db_url, "db", "doctor", "--json", check=False).stdout)
     assert "silent_holders" in doctor["warnings"]
     assert worker in doctor["checks"]["silent_holders"]["summary"]
-    # Restarted on the same host: the job runs again now, not after its 60 s lease.
-    supervise(*_run(tmp_path))
+    # Restarted on the same host, with the default rescue interval (5 s): the job runs again
+    # now (the first look, or the half-second looks just after a start), not after its 60 s
+    # lease.
+    supervise(*_run(tmp_path), "--rescue-interval", "5s")
     wait_for(_started(db, "killed", 2), 15, message="the job run again by the new supervisor")
+    assert job_row(db, job_id)["started_at"] < lease_end
     wait_state(db, job_id, "complete")
     assert "gone: no process of it is left on its host" in _last_error(db, job_id)
     assert not (tmp_path / "run" / f"{worker}.lock").exists()

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from atlantis.console.settings import REDACTED
 from atlantis.presentation import job_document, json_default, read_handler_steps, suspension_text
-from atlantis.store import admin
+from atlantis.store import admin, liveness
 from atlantis.store import console_queries as store
 from atlantis.store.typed_rows import as_dict
 from atlantis.store.workflows import Workflow
@@ -123,9 +123,14 @@ def job_page_doc(conn: Conn, row: admin.JobRow, keys: frozenset[str],
     ``suspended_until``, ``children``: ``tide job status --json``'s), and ``suspension``:
     what a suspended job waits for as the page says it (``{"label": "waiting", "text": "for
     event approved"}``, :func:`atlantis.presentation.suspension_text`; null unless
-    suspended), which the page's live updates show as sent. Not in listings: queries more."""
+    suspended), which the page's live updates show as sent; and its holder's liveness
+    (``holder_silent``, ``holder_silent_seconds``, ``lease_ends_in_seconds``:
+    :func:`atlantis.store.liveness.holder_document`, ``tide job status --json``'s). Not in
+    listings: queries more."""
     doc = job_doc(row, keys, attempts)
     doc.update(read_handler_steps(conn, row))
+    doc.update(liveness.holder_document(
+        liveness.job_holder(conn, row.id) if row.running else None))
     waits = doc["suspended_for"]
     if waits:
         label, text = suspension_text(waits)

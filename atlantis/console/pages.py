@@ -172,8 +172,6 @@ async def job(request: Request, who: Principal) -> Response:
         assert logs is not None
         doc = job_page_doc(conn, row, settings.redact, admin.job_attempts(conn, job_id))
         doc["held"] = redact_held(fleet.limit_hold(conn, job_id), settings.redact)
-        doc.update(liveness.holder_document(
-            liveness.job_holder(conn, job_id) if row.running else None))
         return doc, logs, children_of(conn, doc)
 
     found = await db_of(request).run(read)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 from atlantis.store import liveness
 from atlantis.store import supervision as sql
@@ -28,6 +29,11 @@ from atlantis.supervisor.service import Loop, Service
 
 log = logging.getLogger("atlantis.supervisor")
 
+#: After its start, how long a supervisor looks for the gone supervisors of its host every
+#: GONE_RECHECK seconds (then at every rescue interval).
+GONE_WINDOW = 15.0
+GONE_RECHECK = 0.5
+
 
 class Rescue(Service):
     name = "rescue"
@@ -37,14 +43,29 @@ class Rescue(Service):
         self.db = rt.db("upkeep")  # shared with the worker row (presence)
         self.flush = flush
         """Set to have the completer write what it has now."""
+        self.unproven = False
+        """A silent supervisor of this host was not known to be gone at the last look."""
 
     def loops(self) -> list[Loop]:
         return [self._rescue_loop]
 
     async def _rescue_loop(self) -> None:
+        started = time.monotonic()
         while True:
             await self.rescue()
-            await asyncio.sleep(self.rt.settings.rescue_interval)
+            next_tick = time.monotonic() + self.rt.settings.rescue_interval
+            # Just after a start, a supervisor of this host that died may still be ending its
+            # attempts' processes (its lease keeper kills their trees): look again every half
+            # second, so that its rows run again within seconds of this start, not a rescue
+            # interval later.
+            while (self.unproven and time.monotonic() - started < GONE_WINDOW
+                   and time.monotonic() + GONE_RECHECK < next_tick):
+                await asyncio.sleep(GONE_RECHECK)
+                try:
+                    await self.rescue_gone()
+                except (DatabaseUnavailable, StatementRejected):
+                    pass
+            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
 
     async def rescue(self) -> None:
         rt = self.rt
@@ -79,8 +100,10 @@ class Rescue(Service):
             pass
 
     async def rescue_gone(self) -> None:
-        """The rows of the supervisors of this host that are provably gone, released now."""
+        """The rows of the supervisors of this host that are provably gone, released now.
+        ``unproven``: some silent supervisor of this host is not (yet) known to be gone."""
         rt = self.rt
+        self.unproven = False
         folder = identity.runtime_dir(rt.settings.runtime_dir)
         boot = identity.boot_id()
         if folder is None or boot is None:
@@ -90,6 +113,7 @@ class Rescue(Service):
             proof = await asyncio.to_thread(identity.gone, folder, worker)
             if isinstance(proof, str):
                 log.debug("worker %s is not known to be gone: %s", worker, proof)
+                self.unproven = True
                 continue
             try:
                 rows = await liveness.rescue_gone(self.db, worker, rt.worker_id,
