@@ -46,7 +46,8 @@ class _Runs:
         env = {environ.TESTING_APP: self.app, environ.TESTING_POINTS: base,
                environ.TESTING_KILL_AT: str(kill_at)}
         with self.db.fresh(self.setup) as fresh, fresh.connect() as conn:
-            sup = Supervisor(str(fresh), KILL_APP, self.queues, concurrency=1, env=env)
+            sup = Supervisor(str(fresh), KILL_APP, self.queues, concurrency=1, env=env,
+                             isolation="fresh")
             try:
                 first = 0
                 for n in range(times):

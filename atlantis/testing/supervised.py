@@ -79,16 +79,19 @@ def supervise_argv() -> list[str]:
 
 
 class Supervisor:
-    """A real ``atlantis-supervise`` process on ``url`` serving ``queues``; stopped by pid."""
+    """A real ``atlantis-supervise`` process on ``url`` serving ``queues``; stopped by pid.
+    ``isolation`` is its ``--isolation``: ``fresh`` forks each attempt from a zygote that
+    imported the app once, so that an attempt killed costs a fork, not an interpreter."""
 
     def __init__(self, url: str, app: str, queues: Iterable[str], *, concurrency: int = 2,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, isolation: str = "reuse") -> None:
         from atlantis.testing.database import python_path
 
         self.log = tempfile.NamedTemporaryFile(prefix="atlantis-supervise-", suffix=".log")  # noqa: SIM115
         argv = [*supervise_argv(), "--database-url", url, "--app", app,
                 *(f"--queue={q}" for q in sorted(set(queues))),
-                "--concurrency", str(concurrency), "--poll-interval", "0.1s",
+                "--concurrency", str(concurrency), "--isolation", isolation,
+                "--poll-interval", "0.1s",
                 "--rescue-interval", "0.5s", "--drain-timeout", "5s", "--kill-grace", "1s"]
         self.proc = subprocess.Popen(
             argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
