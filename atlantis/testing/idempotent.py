@@ -5,6 +5,7 @@ the test's database."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -102,7 +103,7 @@ def _lines(path: Path) -> list[str]:
 
 def assert_idempotent(app: Registry | str, job: str, args: Mapping[str, Any] | None,
                       check: Check, *, db: TestDatabase, setup: Setup | None = None,
-                      timeout: float = 60.0, parallel: int = 4) -> list[str]:
+                      timeout: float = 60.0, parallel: int | None = None) -> list[str]:
     """Assert that running ``job`` with ``args`` twice leaves the effects of one run, and
     so does a run killed at any of its kill points and run again.
 
@@ -116,7 +117,9 @@ def assert_idempotent(app: Registry | str, job: str, args: Mapping[str, Any] | N
     is retried by the supervisor (its attempt budget raised, the backoff skipped) until it
     completes, and ``check(conn)`` runs. ``check`` raises AssertionError when the effects
     are wrong; this raises AssertionError naming the run and the kill point ("killed just
-    after commit 3 (after checkpoint 'page=2')"). Returns the kill points."""
+    after commit 3 (after checkpoint 'page=2')"). Returns the kill points. ``parallel``:
+    how many kill runs go at once (each with its own supervisor); the machine's cores by
+    default (the runs are CPU-bound: more only slows every one of them)."""
     from atlantis.testing.inline import registry_of
 
     spec = app_spec(app)
@@ -125,7 +128,8 @@ def assert_idempotent(app: Registry | str, job: str, args: Mapping[str, Any] | N
     try:
         runs = _Runs(db, spec, job, args or {}, check, setup, queues, timeout, folder)
         points = runs.run(0, times=2)
-        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        at_once = parallel if parallel is not None else (os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=max(1, at_once)) as pool:
             futures = [pool.submit(runs.run, i) for i in range(1, len(points) + 1)]
             failures = [f.exception() for f in futures]
         for failure in failures:
