@@ -11,7 +11,7 @@ import atlantis
 
 registry = atlantis.Registry.from_atl("jobs.atl")
 
-PAGES = 3
+PAGES = 2
 PER_PAGE = 2
 
 SCHEMA = """
