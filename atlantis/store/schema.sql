@@ -673,6 +673,14 @@ CREATE FUNCTION atlantis.set_queue_limit(queue text, concurrency integer, by tex
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: spawn_rows(bigint, text, text, jsonb[], timestamp with time zone, integer, text, interval, jsonb); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.spawn_rows(job_id bigint, name text, job_name text, args_list jsonb[], run_at timestamp with time zone, priority integer, queue text, delay interval, trace_context jsonb) RETURNS TABLE(child bigint, fresh boolean)
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: stall_after(text, interval); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 

@@ -7,10 +7,47 @@
 -- than now()). SQLSTATE ATL04: a join names a job that does not exist; ATL23: a join past
 -- its caps (children, bytes of results); ATL24: a spawn by a job being cancelled.
 
--- Spawn: enqueue `job_name` with `args` (atlantis.enqueue_many's rules and options) for the
--- run that holds job `job_id`, and record it as step `name`. `fresh`: the row is new and
--- now a child of the job; a `unique` job whose key an existing job holds returns that job,
--- recorded as such and not made a child.
+-- What both spawns do once fenced: a job being cancelled spawns nothing more (its children
+-- are being cancelled: ATL24); otherwise `job_name` is enqueued once per element of
+-- `args_list` (atlantis.enqueue_many's rules and options) and each row inserted by this
+-- transaction is made a child of `job_id` (`fresh`). A `unique` job whose key an existing
+-- job holds returns that job, not made a child (its xmin is not ours; no savepoint lies in
+-- between). One row per element, in its order.
+CREATE OR REPLACE FUNCTION atlantis.spawn_rows(job_id bigint, name text, job_name text,
+                                               args_list jsonb[], run_at timestamptz,
+                                               priority int, queue text, delay interval,
+                                               trace_context jsonb)
+RETURNS TABLE (child bigint, fresh boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    ids bigint[];
+    adopted bigint[];
+BEGIN
+    IF EXISTS (SELECT 1 FROM atlantis.jobs x
+                WHERE x.id = spawn_rows.job_id AND x.cancel_requested_at IS NOT NULL) THEN
+        RAISE EXCEPTION 'spawn %: job % is being cancelled: it spawns no more children',
+            spawn_rows.name, spawn_rows.job_id USING ERRCODE = 'ATL24';
+    END IF;
+    ids := atlantis.enqueue_many(spawn_rows.job_name, spawn_rows.args_list, spawn_rows.run_at,
+                                 spawn_rows.priority, spawn_rows.queue, spawn_rows.delay,
+                                 spawn_rows.trace_context);
+    WITH made AS (
+        UPDATE atlantis.jobs x SET parent_id = spawn_rows.job_id
+         WHERE x.id = ANY (ids) AND x.parent_id IS NULL AND x.xmin = pg_current_xact_id()::xid
+        RETURNING x.id
+    )
+    SELECT coalesce(array_agg(made.id), '{}') INTO adopted FROM made;
+    RETURN QUERY SELECT u.i, u.i = ANY (adopted) FROM unnest(ids) WITH ORDINALITY AS u(i, o)
+                  ORDER BY u.o;
+END
+$$;
+REVOKE ALL ON FUNCTION atlantis.spawn_rows(bigint, text, text, jsonb[], timestamptz, int, text,
+                                           interval, jsonb) FROM PUBLIC;
+
+-- Spawn: enqueue `job_name` with `args` for the run that holds job `job_id`
+-- (atlantis.spawn_rows), and record it as step `name`, `{"job": id, "child": fresh}`.
 CREATE OR REPLACE FUNCTION atlantis.step_spawn(job_id bigint, run_id uuid, name text, attempt int,
                                                job_name text, args jsonb, run_at timestamptz,
                                                priority int, queue text, delay interval,
@@ -24,20 +61,10 @@ DECLARE
     val jsonb;
 BEGIN
     PERFORM atlantis.step_fence(step_spawn.job_id, step_spawn.run_id);
-    -- A parent being cancelled spawns nothing more (its children are being cancelled).
-    IF EXISTS (SELECT 1 FROM atlantis.jobs x
-                WHERE x.id = step_spawn.job_id AND x.cancel_requested_at IS NOT NULL) THEN
-        RAISE EXCEPTION 'spawn %: job % is being cancelled: it spawns no more children',
-            step_spawn.name, step_spawn.job_id USING ERRCODE = 'ATL24';
-    END IF;
-    child := (atlantis.enqueue_many(step_spawn.job_name, ARRAY[step_spawn.args],
-                                    step_spawn.run_at, step_spawn.priority, step_spawn.queue,
-                                    step_spawn.delay, step_spawn.trace_context))[1];
-    -- Inserted by this transaction (no savepoint in between: the row's xmin is ours), not
-    -- found under its unique key: a child.
-    UPDATE atlantis.jobs x SET parent_id = step_spawn.job_id
-     WHERE x.id = child AND x.parent_id IS NULL AND x.xmin = pg_current_xact_id()::xid;
-    fresh := FOUND;
+    SELECT r.child, r.fresh INTO child, fresh
+      FROM atlantis.spawn_rows(step_spawn.job_id, step_spawn.name, step_spawn.job_name,
+                               ARRAY[step_spawn.args], step_spawn.run_at, step_spawn.priority,
+                               step_spawn.queue, step_spawn.delay, step_spawn.trace_context) r;
     val := jsonb_build_object('job', child, 'child', fresh);
     INSERT INTO atlantis.job_steps (job_id, name, kind, value, bytes, run_id, attempt)
     VALUES (step_spawn.job_id, step_spawn.name, 'spawn', val, octet_length(val::text),
@@ -46,9 +73,9 @@ BEGIN
 END
 $$;
 
--- Spawn many: `job_name` once per element of `args_list` in one statement (one enqueue, one
--- record of all the ids, `{"jobs": [...], "children": n}`), as atlantis.step_spawn does for
--- one; the ids in the order of `args_list`, `fresh` for each new child. At most 10000.
+-- Spawn many: `job_name` once per element of `args_list` (at most 10000) in one statement,
+-- as atlantis.step_spawn does for one, recorded once as `{"jobs": [...], "children": n}`;
+-- the ids in the order of `args_list`, `fresh` for each new child.
 CREATE OR REPLACE FUNCTION atlantis.step_spawn_many(job_id bigint, run_id uuid, name text,
                                                     attempt int, job_name text,
                                                     args_list jsonb[], run_at timestamptz,
@@ -61,7 +88,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     ids bigint[];
-    adopted bigint[];
+    fresh_ones boolean[];
     val jsonb;
 BEGIN
     PERFORM atlantis.step_fence(step_spawn_many.job_id, step_spawn_many.run_id);
@@ -69,27 +96,20 @@ BEGIN
         RAISE EXCEPTION 'spawn %: % jobs, more than the 10000 one spawn_many enqueues',
             step_spawn_many.name, cardinality(step_spawn_many.args_list) USING ERRCODE = 'ATL23';
     END IF;
-    IF EXISTS (SELECT 1 FROM atlantis.jobs x
-                WHERE x.id = step_spawn_many.job_id AND x.cancel_requested_at IS NOT NULL) THEN
-        RAISE EXCEPTION 'spawn %: job % is being cancelled: it spawns no more children',
-            step_spawn_many.name, step_spawn_many.job_id USING ERRCODE = 'ATL24';
-    END IF;
-    ids := atlantis.enqueue_many(step_spawn_many.job_name, step_spawn_many.args_list,
-                                 step_spawn_many.run_at, step_spawn_many.priority,
-                                 step_spawn_many.queue, step_spawn_many.delay,
-                                 step_spawn_many.trace_context);
-    WITH made AS (
-        UPDATE atlantis.jobs x SET parent_id = step_spawn_many.job_id
-         WHERE x.id = ANY (ids) AND x.parent_id IS NULL AND x.xmin = pg_current_xact_id()::xid
-        RETURNING x.id
-    )
-    SELECT coalesce(array_agg(made.id), '{}') INTO adopted FROM made;
-    val := jsonb_build_object('jobs', to_jsonb(ids), 'children', cardinality(adopted));
+    SELECT coalesce(array_agg(r.child ORDER BY r.o), '{}'),
+           coalesce(array_agg(r.fresh ORDER BY r.o), '{}')
+      INTO ids, fresh_ones
+      FROM atlantis.spawn_rows(step_spawn_many.job_id, step_spawn_many.name,
+                               step_spawn_many.job_name, step_spawn_many.args_list,
+                               step_spawn_many.run_at, step_spawn_many.priority,
+                               step_spawn_many.queue, step_spawn_many.delay,
+                               step_spawn_many.trace_context) WITH ORDINALITY AS r(child, fresh, o);
+    val := jsonb_build_object('jobs', to_jsonb(ids),
+                              'children', (SELECT count(*) FROM unnest(fresh_ones) f WHERE f));
     INSERT INTO atlantis.job_steps (job_id, name, kind, value, bytes, run_id, attempt)
     VALUES (step_spawn_many.job_id, step_spawn_many.name, 'spawn', val,
             octet_length(val::text), step_spawn_many.run_id, step_spawn_many.attempt);
-    RETURN QUERY SELECT u.i, u.i = ANY (adopted) FROM unnest(ids) WITH ORDINALITY AS u(i, o)
-                  ORDER BY u.o;
+    RETURN QUERY SELECT u.c, u.f FROM unnest(ids, fresh_ones) AS u(c, f);
 END
 $$;
 
