@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0030) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0031) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner

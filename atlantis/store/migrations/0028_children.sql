@@ -19,11 +19,6 @@ ALTER TABLE atlantis.job_steps DROP CONSTRAINT job_steps_kind_check;
 ALTER TABLE atlantis.job_steps ADD CONSTRAINT job_steps_kind_check
     CHECK (kind IN ('step', 'transaction', 'sleep', 'event', 'spawn', 'join'));
 
-CREATE FUNCTION atlantis.spawn_rows(job_id bigint, name text, job_name text,
-                                    args_list jsonb[], run_at timestamptz, priority int,
-                                    queue text, delay interval, trace_context jsonb)
-RETURNS TABLE (child bigint, fresh boolean)
-LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$;
 CREATE FUNCTION atlantis.step_spawn(job_id bigint, run_id uuid, name text, attempt int,
                                     job_name text, args jsonb, run_at timestamptz,
                                     priority int, queue text, delay interval,
