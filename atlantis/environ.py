@@ -18,6 +18,11 @@ APP = "ATLANTIS_APP"
 #: The embedded PostgreSQL's home (data directory and socket).
 HOME = "ATLANTIS_HOME"
 
+#: ``never``: no command starts the embedded PostgreSQL; without a database URL each refuses
+#: with one line (the container image sets it). ``auto``, the default: started when no URL
+#: is given (atlantis.store.embedded.check_embedded).
+EMBEDDED = "ATLANTIS_EMBEDDED"
+
 #: tide's statement deadline.
 TIDE_TIMEOUT = "ATLANTIS_TIDE_TIMEOUT"
 
@@ -35,6 +40,10 @@ TREE = "ATLANTIS_TREE"
 #: and all they start): its worker id, by which a supervisor on the same host proves that
 #: none of them is left (atlantis.supervisor.identity).
 WORKER = "ATLANTIS_WORKER"
+
+#: ``atlantis-supervise --name``: the supervisor's name, kept across its restarts (an
+#: operator's drain or eviction is kept for it).
+WORKER_NAME = "ATLANTIS_WORKER_NAME"
 
 #: The test suite's PostgreSQL major (``16`` or ``18``, the default): its embedded server.
 TEST_PG = "ATLANTIS_TEST_PG"

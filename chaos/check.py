@@ -147,6 +147,8 @@ class SupervisorFate:
     """Its exit code after the final SIGTERM (None if it was not alive to receive it)."""
     exit_code: int | None = None
     """How it ended, as ``subprocess`` says (-N: killed by signal N)."""
+    told_to_exit: bool = False
+    """``tide worker drain --exit`` was asked of it: it may have exited by itself, with 0."""
 
 
 @dataclass
@@ -327,13 +329,17 @@ def check_orphans(h: History) -> Result:
 
 def check_supervisors(h: History) -> Result:
     spared = [s for s in h.supervisors if not s.killed]
-    dead = [s for s in spared if not s.alive_at_end]
+    exited = [s for s in spared if s.told_to_exit and not s.alive_at_end]
+    dead = [s for s in spared if not s.alive_at_end and s not in exited]
     unclean = [s for s in spared if s.alive_at_end and s.stop_code != 0]
     killed = len(h.supervisors) - len(spared)
     bad = [f"{s.name} died though never killed (exit code {s.exit_code})" for s in dead]
+    bad += [f"{s.name} exited {s.exit_code} once drained (--exit)" for s in exited
+            if s.exit_code != 0]
     bad += [f"{s.name} exited {s.stop_code} on SIGTERM" for s in unclean]
     return Result("every supervisor not killed is alive (and stops cleanly)", not bad,
-                  f"{len(spared) - len(dead)}/{len(spared)} alive, {killed} killed and replaced",
+                  f"{len(spared) - len(dead) - len(exited)}/{len(spared)} alive, {killed} killed "
+                  f"and replaced, {len(exited)} exited once drained",
                   _examples(bad))
 
 

@@ -51,6 +51,8 @@ class Instance:
     killed: bool = False
     stopped: bool = False
     stop_code: int | None = None
+    told_to_exit: bool = False
+    """``tide worker drain --exit`` was asked of it: it may exit by itself (code 0)."""
 
     @property
     def alive(self) -> bool:
@@ -76,6 +78,12 @@ class Slot:
     @property
     def current(self) -> Instance | None:
         return self.instances[-1] if self.instances else None
+
+
+def slot_name(index: int) -> str:
+    """The ``--name`` of every supervisor of slot ``index``: an operator's drain or eviction
+    (the ``order`` fault) is kept for it across the slot's restarts."""
+    return f"chaos-s{index}"
 
 
 class Cluster:
@@ -126,7 +134,8 @@ class Cluster:
                 "--poll-interval", "0.2s", "--rescue-interval", "0.5s", "--kill-grace", "1s",
                 "--cancel-grace", "1s", "--drain-timeout", "5s", "--max-backoff", "2s",
                 "--worker-refresh", "1s", "--pause-poll", "0.5s", "--listen-ping", "2s",
-                "--claim-timeout", "2s", "--finish-timeout", "3s"]
+                "--claim-timeout", "2s", "--finish-timeout", "3s",
+                "--name", slot_name(slot.index)]
         env = {**os.environ, MARKER: self.token}
         env.pop("ATLANTIS_DATABASE_URL", None)
         log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - closed by cleanup()

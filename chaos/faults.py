@@ -19,7 +19,7 @@ import psutil
 import psycopg
 
 import atlantis
-from chaos.cluster import QUEUE, Cluster, Instance
+from chaos.cluster import QUEUE, Cluster, Instance, slot_name
 
 HEARTBEAT = 2.0
 """The workload's heartbeat, hence its lease (chaos/jobs.atl)."""
@@ -27,7 +27,7 @@ HEARTBEAT = 2.0
 WEIGHTS = {
     "kill_child": 3.0, "kill_supervisor": 1.0, "stop_supervisor": 1.5, "restart_postgres": 0.7,
     "cut": 1.5, "half_open": 1.5, "cancel": 2.0, "pause": 0.6, "sighup": 0.6,
-    "cancel_workflow": 1.5, "stop_crunching": 3.0, "kill_spawning": 1.5,
+    "cancel_workflow": 1.5, "stop_crunching": 3.0, "kill_spawning": 1.5, "order": 0.8,
 }
 """How often each kind of fault is picked, relatively."""
 
@@ -57,6 +57,8 @@ class Faults:
         self.workflow_cancel_running: set[int] = set()
         """The workflows whose cancel committed while they were ``running``."""
         self.paused = False
+        self.ordered: set[str] = set()
+        """Supervisor names under an operator's drain or eviction, until resumed."""
         self._undo: list[tuple[float, Callable[[], None]]] = []
 
     def inject(self) -> None:
@@ -85,6 +87,9 @@ class Faults:
             slot.proxy.thaw()
         self._reap(wait=True)
         c.tide("queue", "resume", QUEUE)
+        for name in sorted(self.ordered):
+            c.tide("worker", "resume", name)
+        self.ordered.clear()
         self._reap(wait=True)
 
     def rows(self) -> list[tuple[str, int, str]]:
@@ -101,6 +106,8 @@ class Faults:
             ("proxy: half-open", f["half_open"], f"{n['half_open_past_lease']} past the lease"),
             ("tide job cancel", f["cancel"], f"{n['cancel_too_late']} after the job finished"),
             ("tide queue pause / resume", f["pause"], ""),
+            ("tide worker drain / evict, then resume", f["order"],
+             f"{n['order_evict']} evictions, {n['order_exit']} drains with --exit"),
             ("SIGHUP of a supervisor", f["sighup"], ""),
             ("SIGSTOP or kill -9 of a supervisor running chaos.Crunch", f["stop_crunching"],
              f"{n['crunch_killed']} killed, {n['crunch_stopped']} stopped past the lease"),
@@ -284,6 +291,43 @@ class Faults:
             self.paused = False
 
         self._later(self.rng.uniform(0.3, 3.0), resume)
+
+    def _order(self) -> None:
+        """``tide worker drain`` (now and then ``--exit``: its slot restarts it drained) or
+        ``tide worker evict`` of a slot's supervisor, by its name; resumed after a while.
+        Its attempts finish or are given back unspent: nothing may be lost or run twice."""
+        slot = self.rng.choice(self.cluster.slots)
+        name = slot_name(slot.index)
+        sup = slot.current
+        if name in self.ordered or sup is None or not sup.alive or not sup.announced():
+            return
+        self.ordered.add(name)
+        self.counts["order"] += 1
+        if self.rng.random() < 0.4:
+            self.notes["order_evict"] += 1
+            self.cluster.tide("worker", "evict", name)
+        elif self.rng.random() < 0.3:
+            self.notes["order_exit"] += 1
+            sup.told_to_exit = True
+            self.cluster.tide("worker", "drain", name, "--exit")
+
+            def restart() -> None:  # a restart policy: the slot comes back, still drained
+                if slot.current is not sup or sup.killed:
+                    return  # replaced already, or killed meanwhile: that fault restarts it
+                if sup.alive:
+                    self._later(0.5, restart)  # not drained yet (or resumed first)
+                else:
+                    self.cluster.start_supervisor(slot)
+
+            self._later(self.rng.uniform(1.0, 3.0), restart)
+        else:
+            self.cluster.tide("worker", "drain", name)
+
+        def resume() -> None:
+            self.cluster.tide("worker", "resume", name)
+            self.ordered.discard(name)
+
+        self._later(self.rng.uniform(1.5, 5.0), resume)
 
     def _sighup(self) -> None:
         sup = self._pick()

@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         history = read_history(cluster, faults, samples, sender.sent)
         history.orphans = orphans
         history.supervisors = [
-            check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode)
+            check.SupervisorFate(i.name, i.killed, id(i) in alive, i.stop_code, i.proc.returncode,
+                                 i.told_to_exit)
             for i in cluster.instances()]
         results = check.check(history)
         print(check.table(faults.rows(), results))

@@ -252,7 +252,7 @@ CONFIG: dict[str, tuple[list[str], int, str]] = {
                            "atlantis-supervise: --app 'badatl:registry': /srv/app/bad.atl:3:3: "
                            "unknown modifier 'frobnicate' (expected one of: args, retries, "
                            "timeout, heartbeat, queue, priority, unique, backoff, stall, "
-                           "schedule, tz, concurrency, rate)"),
+                           "schedule, tz, overlap, concurrency, rate)"),
     "no-app": (["--queue", "q", "--app", ""], 2, "atlantis-supervise: no application: pass "
                "--app package.module:registry or set ATLANTIS_APP"),
     "no-queue": (["--app", "tests.apps.basic:registry"], 2,

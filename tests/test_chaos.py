@@ -123,6 +123,15 @@ def test_orphans_and_dead_supervisors_fail() -> None:
     killed = [SupervisorFate("s0", killed=True, alive_at_end=False),
               SupervisorFate("s0#1", killed=False, alive_at_end=True, stop_code=0)]
     assert failed(history(supervisors=killed)) == set()
+    # Told to exit once drained (tide worker drain --exit): exit 0 is its due, else a failure.
+    exited = [SupervisorFate("s0", killed=False, alive_at_end=False, exit_code=0,
+                             told_to_exit=True),
+              SupervisorFate("s0#1", killed=False, alive_at_end=True, stop_code=0)]
+    assert failed(history(supervisors=exited)) == set()
+    crashed = [SupervisorFate("s0", killed=False, alive_at_end=False, exit_code=1,
+                              told_to_exit=True)]
+    assert "every supervisor not killed is alive (and stops cleanly)" in failed(
+        history(supervisors=crashed))
 
 
 def step_row(job: int, wid: int, step: str, state: str = "complete", *, undo: bool = False,

@@ -37,7 +37,7 @@ job ImportContacts in directory {
 
 MODIFIER_LIST = (
     "args, retries, timeout, heartbeat, queue, priority, unique, backoff, stall, schedule, tz, "
-    "concurrency, rate"
+    "overlap, concurrency, rate"
 )
 TYPE_LIST = (
     "text, varchar(n), int, bigint, boolean, double, numeric, uuid, timestamptz, date, jsonb"

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("declarations",),
     ("store",),
     ("", "enqueue", "operations", "workflows", "registry", "context", "steps", "steps_async", "children",
-     "progress", "app", "presentation", "jobs"),
+     "progress", "app", "presentation", "jobs", "scaling"),  # scaling: the gauges tide and the console serve
     ("child",),
     ("keeper",),  # the lease keeper: the child's tree-killing, run by a process of its own
     ("supervisor", "cli", "console", "integrations"),  # integrations: Django, SQLAlchemy

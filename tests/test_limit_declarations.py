@@ -318,7 +318,8 @@ BAD = [
     pytest.param(
         "  concurency 1\n",
         "jobs.atl:3:3: unknown modifier 'concurency' (expected one of: args, retries, timeout, "
-        "heartbeat, queue, priority, unique, backoff, stall, schedule, tz, concurrency, rate)",
+        "heartbeat, queue, priority, unique, backoff, stall, schedule, tz, overlap, concurrency, "
+        "rate)",
         id="misspelt-modifier",
     ),
 ]

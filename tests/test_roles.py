@@ -97,13 +97,14 @@ def test_the_roles_exist_cannot_log_in_and_public_has_nothing(db: psycopg.Connec
         "SELECT proname, proconfig FROM pg_proc"
         " WHERE pronamespace = 'atlantis'::regnamespace AND prosecdef").fetchall())
     assert set(definers) == {"enqueue", "enqueue_many", "cancel", "retry", "pause", "resume", "set_queue_limit",
-                             "prune", "schedule_fire", "schedule_catch_up", "delete_finished",
+                             "prune", "schedule_fire", "schedule_catch_up", "schedule_advance",
+                             "schedule_set_enabled", "delete_finished",
                              "start_workflow", "cancel_workflow", "retry_workflow",
                              "dismiss_workflow", "workflow_advance", "workflow_sweep", "prune_workflows",
                              "step_fence", "step_records", "record_step", "step_sleep",
                              "clear_steps", "send_event", "step_wait_event", "event_sweep",
                              "step_spawn", "step_spawn_many", "step_join", "join_sweep", "child_ended",
-                             "cancel_children", "wait_check"}
+                             "cancel_children", "wait_check", "order_worker", "resume_worker"}
     assert all(c == ["search_path=pg_catalog, atlantis, pg_temp"] for c in definers.values())
 
 
@@ -308,7 +309,7 @@ def test_a_reader_reads_with_tide_and_changes_nothing(
         assert out.returncode == 0, (args, out.stderr)
     writes: list[tuple[str, ...]] = [
         ("job", "cancel", str(job_id)), ("job", "retry", str(dead)), ("queue", "pause", "tests"),
-        ("job", "prune", "--older-than", "0s")]
+        ("job", "prune", "--older-than", "0s"), ("worker", "drain", "nobody")]
     for args in writes:
         out = tide(url, *args)
         assert out.returncode == 1, (args, out.stderr)
@@ -328,11 +329,16 @@ def test_an_operator_retries_cancels_pauses_and_prunes(
     old = atlantis.enqueue(db, "tests.Echo", {"key": "op-old"})
     db.execute("UPDATE atlantis.jobs SET state = 'complete', attempt = 1, started_at = now(),"
                " finished_at = now() - interval '2 days' WHERE id = %s", (old,))
+    db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, expires_at,"
+               " name) VALUES ('h:1:ab', 'h', 1, '{tests}', 1, now() + interval '1 minute',"
+               " 'h:tests')")
+    db.commit()
     url = login("atlantis_operator")
     commands: list[tuple[str, ...]] = [
         ("job", "retry", str(dead)), ("job", "cancel", str(waiting)),
         ("queue", "pause", "tests", "--reason", "deploy"), ("queue", "stats"), ("job", "list"),
-        ("job", "prune", "--older-than", "1d")]
+        ("job", "prune", "--older-than", "1d"), ("worker", "drain", "h:1:ab"),
+        ("worker", "list")]
     for args in commands:
         out = tide(url, *args)
         assert out.returncode == 0, (args, out.stderr)
@@ -342,6 +348,8 @@ def test_an_operator_retries_cancels_pauses_and_prunes(
     assert db.execute("SELECT paused, reason FROM atlantis.queues WHERE name = 'tests'"
                       ).fetchone() == (True, "deploy")
     assert tide(url, "queue", "resume", "tests").returncode == 0
+    assert db.execute("SELECT action FROM atlantis.worker_orders").fetchone() == ("drain",)
+    assert tide(url, "worker", "resume", "h:tests").returncode == 0
     with psycopg.connect(url, autocommit=True) as conn:
         assert conn.execute("SELECT atlantis.delete_finished(ARRAY[%s, %s]::bigint[])",
                             (waiting, dead)).fetchone() == (1,)  # `dead` now waits: kept

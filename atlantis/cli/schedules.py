@@ -1,4 +1,5 @@
-"""``tide schedule``: the cron schedules declared in ``.atl`` files (``schedule "CRON"``).
+"""``tide schedule``: the cron schedules declared in ``.atl`` files (``schedule "CRON"``),
+and the operator's switch of each (``disable``, ``enable``).
 
 ``tide`` adds the group with ``main.add_command(schedule)``; the connection (and its
 one-line failures: exit 1 for an unreachable database or a missing schema) is tide's.
@@ -11,7 +12,12 @@ from datetime import UTC, datetime
 import click
 
 from atlantis.cli.escape import safe
-from atlantis.store.schedules import Schedule, list_schedules
+from atlantis.store.schedules import (
+    Schedule,
+    ScheduleNotFoundError,
+    list_schedules,
+    set_enabled,
+)
 from atlantis.units import format_duration
 
 
@@ -22,10 +28,12 @@ def schedule() -> None:
 
 @schedule.command("list")
 @click.option("--json", "as_json", is_flag=True,
-              help="One JSON document: every schedule with next_run, last_run, missed and more.")
+              help="One JSON document: every schedule with next_run, last_run, missed, "
+                   "skipped, enabled and more.")
 @click.pass_context
 def schedule_list(ctx: click.Context, as_json: bool) -> None:
-    """Each scheduled job: its cron, time zone, next run and last run."""
+    """Each scheduled job: its cron, time zone, next run and last run, the slots missed and
+    skipped, and whether it is enabled."""
     from atlantis.cli.common import connection, print_json
 
     with connection(ctx) as conn:
@@ -40,6 +48,37 @@ def schedule_list(ctx: click.Context, as_json: bool) -> None:
     _table(found, now)
 
 
+@schedule.command("disable")
+@click.argument("name")
+@click.pass_context
+def schedule_disable(ctx: click.Context, name: str) -> None:
+    """Switch off the schedule of job NAME (namespace.Job): no slot is enqueued, nor counted
+    missed, until `tide schedule enable NAME`. Kept in the database: a redeploy, a
+    restart or `tide db sync` leaves it off."""
+    _switch(ctx, name, enabled=False)
+
+
+@schedule.command("enable")
+@click.argument("name")
+@click.pass_context
+def schedule_enable(ctx: click.Context, name: str) -> None:
+    """Switch the schedule of job NAME on again. The slots since it was disabled are not
+    back-filled: the next one to run is the first after now."""
+    _switch(ctx, name, enabled=True)
+
+
+def _switch(ctx: click.Context, name: str, *, enabled: bool) -> None:
+    from atlantis.cli.common import connection, fail, operator_name
+
+    with connection(ctx) as conn:
+        try:
+            changed = set_enabled(conn, name, enabled, by=operator_name())
+        except ScheduleNotFoundError as exc:
+            fail(str(exc), kind="not_found")
+    word = "enabled" if enabled else "disabled"
+    click.echo(f"schedule {safe(name)} {word}" + ("" if changed else f" (it was {word} already)"))
+
+
 def _table(found: list[Schedule], now: datetime) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -50,21 +89,34 @@ def _table(found: list[Schedule], now: datetime) -> None:
         console.width = 1000  # a pipe or a file gets whole lines, never cut
     table = Table(box=None, pad_edge=False)
     for header in ("Job", "Queue", "Schedule", "Time zone", "Next run", "Last run", "Last job",
-                   "Missed"):
+                   "Missed", "Overlap", "Skipped", "State"):
         table.add_column(header, overflow="fold")
     for s in found:
         last_job = "" if s.last_job_id is None else f"{s.last_job_id} ({s.last_state or 'pruned'})"
         table.add_row(*(Text(safe(cell)) for cell in (
             s.job, s.queue, s.schedule, s.tz or "UTC", _when(s.next_run, now),
-            _when(s.last_run, now), last_job, _missed(s, now))))
+            _when(s.last_run, now), last_job, _missed(s, now), s.overlap,
+            _count(s.skipped, s.last_skipped, now), _state(s, now))))
     console.print(table)
 
 
 def _missed(s: Schedule, now: datetime) -> str:
     """``86400, last at 2024-05-02 03:00:00 UTC (5m ago)``; empty when none was missed."""
-    if not s.missed:
+    return _count(s.missed, s.last_missed, now)
+
+
+def _count(count: int, last: datetime | None, now: datetime) -> str:
+    """``3, last at 2024-05-02 03:00:00 UTC (5m ago)``; empty for none."""
+    if not count:
         return ""
-    return f"{s.missed}, last at {_when(s.last_missed, now)}"
+    return f"{count}, last at {_when(last, now)}"
+
+
+def _state(s: Schedule, now: datetime) -> str:
+    """``enabled``, or ``disabled by alice at 2024-05-02 03:00:00 UTC (5m ago)``."""
+    if s.enabled:
+        return "enabled"
+    return f"disabled by {s.switched_by or '?'} at {_when(s.switched_at, now)}"
 
 
 def _when(moment: datetime | None, now: datetime) -> str:

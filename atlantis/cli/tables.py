@@ -193,7 +193,8 @@ def _count(q: QueueStats, state: str) -> str:
 def worker_table(workers: Sequence[WorkerRow]) -> None:
     columns = [Column("HOST"), Column("PID", right=True), Column("QUEUES"), Column("STATUS"),
                Column("IN FLIGHT", right=True), Column("MEMORY", right=True), Column("UP"),
-               Column("SEEN"), Column("JOBS", flexible=True), Column("ID")]
+               Column("SEEN"), Column("JOBS", flexible=True), Column("NAME"),
+               Column("ID")]
     rows: list[list[Cell]] = []
     for w in workers:
         jobs = []
@@ -212,7 +213,7 @@ def worker_table(workers: Sequence[WorkerRow]) -> None:
         rows.append([w.host, str(w.pid), ",".join(w.queues), status,
                      f"{w.in_flight}/{w.concurrency}", format_size(w.memory) if w.memory else "",
                      since(w.started_at, w.db_now), relative(w.seen_at, w.db_now),
-                     ", ".join(jobs), w.id])
+                     ", ".join(jobs), w.name or "-", w.id])
     print_table(columns, rows)
 
 

@@ -41,12 +41,14 @@ from atlantis.cli.escape import safe
 from atlantis.cli.job_wait import job_wait
 from atlantis.cli.jobs import job
 from atlantis.cli.roles import roles
+from atlantis.cli.scaling import metrics, queue_signal
 from atlantis.cli.schedules import schedule
 from atlantis.cli.server import server
+from atlantis.cli.workers import worker
 from atlantis.cli.workflows import workflow
 from atlantis.console.command import console
 from atlantis.errors import AtlantisError
-from atlantis.presentation import job_document, worker_document
+from atlantis.presentation import job_document
 from atlantis.store import admin, fleet, migrate, sync
 from atlantis.store.database import resolve_url
 from atlantis.store.typed_rows import as_dict
@@ -95,7 +97,7 @@ def dlq_list(ctx: click.Context, queue: str | None, limit: int, as_json: bool) -
 
 @main.group()
 def queue() -> None:
-    """Queues: their counts, pause and resume, concurrency limits."""
+    """Queues: their counts, the scaling signal, pause and resume, concurrency limits."""
 
 
 @queue.command("stats")
@@ -173,20 +175,6 @@ def queue_limit(ctx: click.Context, name: str, concurrency: int | None, as_json:
         return
     what = "no concurrency limit" if wanted is None else f"concurrency limit {wanted}"
     click.echo(f"queue {shown}: {what} (was {'none' if was is None else was})")
-
-
-@main.group()
-def worker() -> None:
-    """Supervisors."""
-
-
-@worker.command("list")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def worker_list(ctx: click.Context, as_json: bool) -> None:
-    """Live supervisors: host, pid, queues, in-flight jobs and their children's memory."""
-    rows = listing_rows(ctx, fleet.list_workers)
-    show_rows(rows, as_json, worker_document, tables.worker_table)
 
 
 # ---- db, gen ----------------------------------------------------------------------------
@@ -351,7 +339,10 @@ def gen(source: Path, output: Path, check: bool) -> None:
 # ---- schedule ----------------------------------------------------------------------------
 
 main.add_command(schedule)
+main.add_command(worker)
 main.add_command(console)
+queue.add_command(queue_signal)
+main.add_command(metrics)
 db.add_command(doctor)
 db.add_command(roles)
 db.add_command(server)

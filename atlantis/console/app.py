@@ -14,7 +14,7 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from atlantis.console import api, limits, pages, workflows
+from atlantis.console import api, limits, metrics, pages, schedules, workers, workflows
 from atlantis.console.data import Database
 from atlantis.console.events import Broker
 from atlantis.console.settings import Settings
@@ -74,9 +74,12 @@ def create_app(settings: Settings) -> Starlette:
         middleware.insert(0, Middleware(TrustedHostMiddleware,
                                         allowed_hosts=list(settings.allowed_hosts)))
     app = Starlette(
-        routes=[Mount("/api", routes=[*workflows.api_routes, *limits.api_routes, *api.routes]),
+        routes=[Mount("/api", routes=[*workflows.api_routes, *limits.api_routes,
+                                      *workers.api_routes, *schedules.api_routes,
+                                      *api.routes]),
                 Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
-                *workflows.page_routes, *limits.page_routes, *pages.routes],
+                *workflows.page_routes, *limits.page_routes, *workers.page_routes,
+                *schedules.page_routes, *metrics.routes, *pages.routes],
         middleware=middleware, lifespan=lifespan)
     app.state.settings = settings
     app.state.db = db

@@ -3,6 +3,7 @@
 The syntax walk (``parser.py``) hands over raw blocks that keep their tokens; this module
 refuses what the grammar let through (unknown types, repeated jobs, fields and modifiers,
 field names Python cannot take as attributes, a schedule whose fields have no defaults,
+``tz`` or ``overlap`` without a schedule,
 limits by fields the job lacks or cannot key by) and builds the JobDecls. The values themselves (numbers, durations, strings, defaults)
 are read by ``literals.py``. Each refusal names the token at fault as
 ``file:line:column: what is wrong``.
@@ -26,6 +27,7 @@ from atlantis.declarations.model import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
     LIMIT_KINDS,
+    OVERLAP_MODES,
     Field,
     JobDecl,
     Limit,
@@ -122,8 +124,12 @@ class Checker:
         if "tz" in seen and "schedule" not in seen:
             self.fail(seen["tz"], "tz needs a schedule in the same job (it is the time zone "
                       "the schedule runs in)")
+        if "overlap" in seen and "schedule" not in seen:
+            self.fail(seen["overlap"], "overlap needs a schedule in the same job (it says what "
+                      "a slot does while an earlier run of the schedule has not ended)")
         if "schedule" in seen:
             self.scheduled_fields(raw_fields, values.get("fields", ()))
+            values.setdefault("overlap", OVERLAP_MODES[0])
         limits = self.limits(raw_limits, {f.name: f for f in values.get("fields", ())})
         return JobDecl(
             name=str(job.name),
@@ -139,6 +145,7 @@ class Checker:
             stall=values.get("stall"),
             schedule=values.get("schedule"),
             tz=values.get("tz"),
+            overlap=values.get("overlap"),
             source=f"{self.filename}:{job.keyword.line}",
             limits=limits,
         )
@@ -160,6 +167,11 @@ class Checker:
             if problem is not None:
                 self.fail(value, f"invalid schedule {self.written(value)}: {problem}")
             return expr
+        if modifier == "overlap":
+            if str(value) not in OVERLAP_MODES:
+                self.fail(value, f"invalid overlap {self.written(value)} (expected skip or "
+                          "allow)")
+            return str(value)
         if modifier == "tz":
             name = self.literals.string(value)
             problem = zone_problem(name)

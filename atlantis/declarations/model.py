@@ -27,6 +27,9 @@ DEFAULT_BACKOFF = 10.0
 #: The kinds of limit a job may declare, in the order messages list them.
 LIMIT_KINDS = ("concurrency", "rate")
 
+#: What a scheduled job's ``overlap`` may say, the default first.
+OVERLAP_MODES = ("skip", "allow")
+
 
 @dataclass(frozen=True)
 class Field:
@@ -114,6 +117,10 @@ class JobDecl:
     stall: float | None = None  # seconds without a checkpoint before `stalled`; None: 3 x heartbeat
     schedule: str | None = None  # cron expression: enqueued once per slot, args from defaults
     tz: str | None = None  # IANA time zone the schedule runs in; None: UTC
+    # What a slot does while an earlier run of the schedule is waiting or running: "skip"
+    # (no job) or "allow" (a job every slot). None: not said (a job without a schedule, or one
+    # made in Python), read as "skip".
+    overlap: str | None = None
     source: str = field(default="", compare=False)  # "file:line"
     limits: tuple[Limit, ...] = ()  # in declaration order
 
@@ -140,6 +147,7 @@ class JobDecl:
             "stall": self.stall,
             "schedule": self.schedule,
             "tz": self.tz,
+            "overlap": self.overlap,
             "source": self.source,
             "limits": [limit.to_json() for limit in self.limits],
         }

@@ -50,7 +50,7 @@ __all__ = [
 
 #: The statements a job block may hold, in the order error messages list them.
 MODIFIERS = ("args", "retries", "timeout", "heartbeat", "queue", "priority", "unique", "backoff",
-             "stall", "schedule", "tz", "concurrency", "rate")
+             "stall", "schedule", "tz", "overlap", "concurrency", "rate")
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -59,6 +59,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TERMINALS = {
     "NAME": "a name",
     "TYPE_NAME": "a type",
+    "OVERLAP_MODE": "skip or allow",
     "JOB_NAME": "a job name",
     "NUMBER": "a number",
     "DURATION": "a duration such as 30s or 1h30m",

@@ -13,12 +13,16 @@ SELECT max(version) AS version FROM atlantis.schema_migrations
 -- Live supervisors, and expired ones that still hold running rows (migration 0029: shown
 -- silent until the rows are rescued). silent_for: seconds since the last mark of life of a
 -- silent one (liveness.sql says when a row is silent), NULL while it is not.
-SELECT id, host, pid, queues, concurrency, in_flight, status, jobs, job_types, started_at,
+-- name, order_action, ordered_by, ordered_at (migration 0032): the supervisor's name and the
+-- operator's order kept for it (orders.sql), if any.
+SELECT w.id, host, pid, queues, concurrency, in_flight, status, jobs, job_types, started_at,
        seen_at, expires_at, now() AS db_now, liveness_interval,
        CASE WHEN CASE WHEN liveness_interval IS NULL THEN expires_at < now()
                       ELSE now() - seen_at > make_interval(secs => 2 * liveness_interval) END
-            THEN extract(epoch FROM now() - seen_at)::float8 END AS silent_for
+            THEN extract(epoch FROM now() - seen_at)::float8 END AS silent_for,
+       w.name, o.action AS order_action, o.asked_by AS ordered_by, o.asked_at AS ordered_at
   FROM atlantis.workers w
+  LEFT JOIN atlantis.worker_orders o ON o.name = w.name
  WHERE expires_at > now()
     OR EXISTS (SELECT 1 FROM atlantis.jobs j WHERE j.state = 'running' AND j.claimed_by = w.id)
  ORDER BY started_at

@@ -40,6 +40,25 @@ _SOCKET_PATH_MAX = 107
 _SOCKET_NAME = ".s.PGSQL.5432"
 
 
+#: ``ATLANTIS_EMBEDDED``'s values: ``auto`` (the default) starts the embedded server when no
+#: database URL is given; ``never`` refuses instead (a container, a host with its own server).
+EMBEDDED_MODES = ("auto", "never")
+
+
+def check_embedded(url_given: bool) -> None:
+    """Raise :class:`ConfigurationError` (one line) when ``ATLANTIS_EMBEDDED`` is not one of
+    :data:`EMBEDDED_MODES`, or is ``never`` and no database URL is given (``url_given``):
+    then nothing may start the embedded PostgreSQL, and the caller stops before it would."""
+    mode = os.environ.get(environ.EMBEDDED, "").strip() or "auto"
+    if mode not in EMBEDDED_MODES:
+        raise ConfigurationError(f"{environ.EMBEDDED}={mode!r} is not one of "
+                                 f"{', '.join(EMBEDDED_MODES)}")
+    if mode == "never" and not url_given:
+        raise ConfigurationError(
+            f"{environ.DATABASE_URL} is not set and {environ.EMBEDDED}=never: set it (or "
+            "--database-url) to the database's URL; no embedded PostgreSQL is started")
+
+
 def atlantis_home() -> Path:
     raw = os.environ.get(environ.HOME) or os.path.join(
         os.path.expanduser("~"), ".local", "share", "atlantis"
@@ -100,6 +119,7 @@ def embedded_url(home: Path | None = None, *, major: int = DEFAULT_MAJOR) -> str
     ``pgserver`` with mode 0710, any other parent the server cannot pass gets only ``o+x``
     (pass through, not list), and a path too long for the socket is refused.
     """
+    check_embedded(url_given=False)
     home = (home or atlantis_home()).expanduser().absolute()
     data = home / "pgdata"
     if as_root():  # refused before anything is created (see _socket_dir)

@@ -75,6 +75,12 @@ class WorkerRow:
     db_now: datetime
     liveness_interval: float | None = None
     silent_for: float | None = None
+    name: str | None = None
+    """Its name, kept across its restarts (``--name``; None: a release that takes no orders)."""
+    order_action: str | None = None
+    """An operator's order kept for its name: ``drain`` or ``evict`` (None: none)."""
+    ordered_by: str | None = None
+    ordered_at: datetime | None = None
 
     @property
     def memory(self) -> int:

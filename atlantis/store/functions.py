@@ -36,7 +36,7 @@ from atlantis.errors import AtlantisError
 #: made by a migration, so the order only matters for the views, which come last).
 FILES = ("types", "enqueue", "claims", "operators", "schedules", "counts", "workflows",
          "workflow_operators", "limits", "limited_claims", "steps", "events", "children", "liveness",
-         "views")
+         "workers", "signal", "views")
 
 #: Where each definition starts: each file holds one statement of this form per function or
 #: view, each followed by nothing but its comments and REVOKE lines.

@@ -116,7 +116,14 @@ _READ_FUNCTIONS: LiteralString = (
     " atlantis.limit_holders(atlantis.job_types, text, text, text[], jsonb, boolean),"
     " atlantis.limit_fields(jsonb),"
     " atlantis.limit_period_text(interval),"
-    " atlantis.key_digest(text), atlantis.key_text(text)"
+    " atlantis.key_digest(text), atlantis.key_text(text),"
+    # the scaling signal (migration 0034) and what it calls
+    " atlantis.queue_signal(text), atlantis.signal_queues(), atlantis.signal_estimate(text),"
+    " atlantis.signal_waiting(text, bigint),"
+    " atlantis.signal_scale(text, bigint, bigint, bigint, bigint, bigint, bigint),"
+    " atlantis.signal_room(text, text, jsonb, jsonb, jsonb, bigint),"
+    " atlantis.signal_limited(text, bigint, int, bigint),"
+    " atlantis.limited_groups(text, int, text, int)"
 )
 # What a handler's own connection calls for its steps (migration 0026): the handler's role
 # (--handler-database-url) is an enqueuer's, or the worker's when none is given.
@@ -150,6 +157,7 @@ GRANT USAGE ON SCHEMA atlantis TO atlantis_worker;
 GRANT SELECT ON ALL TABLES IN SCHEMA atlantis TO atlantis_worker;
 GRANT INSERT, UPDATE, DELETE ON atlantis.jobs, atlantis.attempts, atlantis.logs,
     atlantis.workers, atlantis.schedule_runs, atlantis.limit_starts TO atlantis_worker;
+GRANT UPDATE ON atlantis.worker_orders TO atlantis_worker;
 GRANT INSERT, UPDATE ON atlantis.job_types TO atlantis_worker;
 GRANT USAGE, SELECT ON SEQUENCE atlantis.jobs_id_seq, atlantis.attempts_id_seq,
     atlantis.logs_id_seq TO atlantis_worker;
@@ -157,7 +165,9 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA atlantis TO atlantis_worker;
 REVOKE EXECUTE ON FUNCTION atlantis.retry(bigint, text), atlantis.pause(text, text, text),
     atlantis.resume(text, text), atlantis.delete_finished(bigint[]),
     atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
-    atlantis.set_queue_limit(text, int, text), atlantis.clear_steps(bigint)
+    atlantis.set_queue_limit(text, int, text), atlantis.clear_steps(bigint),
+    atlantis.order_worker(text, text, boolean, text), atlantis.resume_worker(text, text),
+    atlantis.schedule_set_enabled(text, boolean, text)
     FROM atlantis_worker;""",
     # tide's changes and the console's writes, through functions, plus what reads need.
     "atlantis_operator": """
@@ -170,7 +180,9 @@ GRANT EXECUTE ON FUNCTION """ + _READ_FUNCTIONS + """,
     atlantis.start_workflow(text, jsonb, jsonb), atlantis.cancel_workflow(bigint, text),
     atlantis.retry_workflow(bigint, text), atlantis.dismiss_workflow(bigint, text),
     atlantis.prune_workflows(interval, text[], int), atlantis.set_queue_limit(text, int, text),
-    atlantis.clear_steps(bigint), atlantis.send_event(bigint, text, jsonb, text)
+    atlantis.clear_steps(bigint), atlantis.send_event(bigint, text, jsonb, text),
+    atlantis.order_worker(text, text, boolean, text), atlantis.resume_worker(text, text),
+    atlantis.schedule_set_enabled(text, boolean, text)
     TO atlantis_operator;
 DO $$
 BEGIN
@@ -338,6 +350,7 @@ def sync(conn: psycopg.Connection[Any], decls: list[JobDecl],
                     "unique_fields": d["unique_fields"], "fields": Jsonb(d["fields"]),
                     "source": d["source"], "stall": d["stall"], "schedule": d["schedule"],
                     "tz": d["tz"], "limits": Jsonb(d.get("limits", [])),
+                    "overlap": d.get("overlap"),
                 },
             ).fetchone()
             if row and row[0]:  # its limits changed: its waiting and running rows follow

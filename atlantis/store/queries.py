@@ -64,7 +64,8 @@ class Queries:
     schedule_now: LiteralString
     schedule_fire: LiteralString
     schedule_latest: LiteralString
-    schedule_catch_up: LiteralString
+    schedule_advance: LiteralString
+    schedule_set_enabled: LiteralString
     schedule_list: LiteralString
     retention_prune: LiteralString
     retention_prune_schedule_runs: LiteralString
@@ -152,6 +153,15 @@ class Queries:
     prune_lock_jobs: LiteralString
     prune_delete_workflows: LiteralString
     prune_delete_jobs: LiteralString
+    worker_order: LiteralString
+    worker_resume: LiteralString
+    worker_orders: LiteralString
+    worker_order_adopt: LiteralString
+    worker_order_read: LiteralString
+    worker_order_drained: LiteralString
+    # scaling.sql (issue 37: the scaling signal, read with no supervisor running)
+    queue_signal: LiteralString
+    workers_silent: LiteralString
 
     def __init__(self, *texts: str) -> None:
         found: dict[str, str] = {}
@@ -185,7 +195,7 @@ def _load() -> Queries:
     files = resources.files("atlantis.store")
     names = ("queries.sql", "admin.sql", "schedules.sql", "console.sql", "doctor.sql",
              "workflows.sql", "steps.sql", "events.sql", "children.sql", "reads.sql",
-             "testing.sql", "liveness.sql", "prune.sql")
+             "testing.sql", "liveness.sql", "prune.sql", "orders.sql", "scaling.sql")
     return Queries(*(files.joinpath(name).read_text("utf-8") for name in names))
 
 

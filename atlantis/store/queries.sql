@@ -14,20 +14,22 @@ SELECT atlantis.enqueue_many(%(job)s, %(args)b::jsonb[], %(run_at)s, %(priority)
 
 -- name: sync_job_type
 -- Returns whether the job's limits changed: its rows are then marked anew (limit_mark).
+-- overlap: migration 0033 (a release one behind leaves it as this one stored it).
 WITH was AS (SELECT t.limits FROM atlantis.job_types t WHERE t.job = %(job)s)
 INSERT INTO atlantis.job_types AS t (job, queue, max_attempts, priority, timeout, heartbeat,
                                      backoff, unique_fields, fields, source, synced_at, stall,
-                                     schedule, tz, limits)
+                                     schedule, tz, limits, overlap)
 VALUES (%(job)s, %(queue)s, %(max_attempts)s, %(priority)s, make_interval(secs => %(timeout)s),
         make_interval(secs => %(heartbeat)s), make_interval(secs => %(backoff)s),
         %(unique_fields)s, %(fields)s, %(source)s, now(),
-        make_interval(secs => %(stall)s::double precision), %(schedule)s, %(tz)s, %(limits)s)
+        make_interval(secs => %(stall)s::double precision), %(schedule)s, %(tz)s, %(limits)s,
+        %(overlap)s)
 ON CONFLICT (job) DO UPDATE SET
     queue = excluded.queue, max_attempts = excluded.max_attempts, priority = excluded.priority,
     timeout = excluded.timeout, heartbeat = excluded.heartbeat, backoff = excluded.backoff,
     unique_fields = excluded.unique_fields, fields = excluded.fields, source = excluded.source,
     synced_at = excluded.synced_at, stall = excluded.stall, schedule = excluded.schedule,
-    tz = excluded.tz, limits = excluded.limits
+    tz = excluded.tz, limits = excluded.limits, overlap = excluded.overlap
 RETURNING t.limits IS DISTINCT FROM coalesce((SELECT was.limits FROM was), '[]'::jsonb)
           AS limits_changed
 
@@ -268,12 +270,13 @@ SELECT atlantis.limit_sweep(%(batch)s)
 
 -- name: worker_upsert
 -- job_types: the jobs it claims (they change with a reload; migration 0014). The liveness
--- interval and the host's boot id (migration 0029): liveness.sql.
+-- interval and the host's boot id (migration 0029): liveness.sql. Its name (migration 0032):
+-- what an operator's order is kept for (orders.sql).
 INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, in_flight, status, expires_at,
-                              jobs, job_types, liveness_interval, boot_id)
+                              jobs, job_types, liveness_interval, boot_id, name)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(status)s,
         now() + make_interval(secs => %(ttl)s), %(jobs)s, %(job_types)s,
-        %(liveness_interval)s, %(boot_id)s)
+        %(liveness_interval)s, %(boot_id)s, %(name)s)
 ON CONFLICT (id) DO UPDATE SET
     in_flight = excluded.in_flight, status = excluded.status, seen_at = now(),
     expires_at = excluded.expires_at, jobs = excluded.jobs, job_types = excluded.job_types

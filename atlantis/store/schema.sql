@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0031) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0034) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -25,6 +25,22 @@ CREATE TYPE atlantis.limit_row AS (
 	scope text,
 	label text,
 	whole boolean
+);
+
+--
+-- Name: queue_signal_row; Type: TYPE; Schema: atlantis; Owner: -
+--
+
+CREATE TYPE atlantis.queue_signal_row AS (
+	queue text,
+	claimable bigint,
+	oldest_claimable_seconds double precision,
+	running bigint,
+	delayed bigint,
+	limit_held bigint,
+	suspended bigint,
+	paused boolean,
+	exact boolean
 );
 
 --
@@ -107,6 +123,7 @@ CREATE TABLE atlantis.job_types (
     schedule text,
     tz text,
     limits jsonb DEFAULT '[]'::jsonb NOT NULL,
+    overlap text,
     CONSTRAINT job_types_backoff_check CHECK ((backoff >= '00:00:00'::interval)),
     CONSTRAINT job_types_fields_check CHECK ((jsonb_typeof(fields) = 'array'::text)),
     CONSTRAINT job_types_heartbeat_check CHECK ((heartbeat > '00:00:00'::interval)),
@@ -493,6 +510,15 @@ CREATE FUNCTION atlantis.oldest_due(q text) RETURNS timestamp with time zone
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: order_worker(text, text, boolean, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.order_worker(worker text, action text, exit_when_drained boolean, by text) RETURNS TABLE(id text, name text, silent boolean, in_flight integer)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: out_of_attempts(integer, integer); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -561,6 +587,15 @@ CREATE FUNCTION atlantis.queue_counts(cap bigint DEFAULT 10000) RETURNS TABLE(qu
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: queue_signal(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.queue_signal(queue text DEFAULT NULL::text) RETURNS SETOF atlantis.queue_signal_row
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: record_step(bigint, uuid, text, text, jsonb, integer); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -603,6 +638,15 @@ CREATE FUNCTION atlantis.resume(queue text, by text DEFAULT CURRENT_USER) RETURN
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: resume_worker(text, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.resume_worker(worker text, by text) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: retry(bigint, text); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -637,6 +681,15 @@ CREATE FUNCTION atlantis.row_limits(decl atlantis.job_types, q text, args jsonb)
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: schedule_advance(text, timestamp with time zone, timestamp with time zone, timestamp with time zone, bigint, timestamp with time zone[], text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_advance(job_name text, after timestamp with time zone, missed_from timestamp with time zone, missed_to timestamp with time zone, missed bigint, due timestamp with time zone[], overlap text, OUT outcome text, OUT last_slot timestamp with time zone, OUT job_ids bigint[], OUT job_slots timestamp with time zone[], OUT skipped bigint, OUT open_job bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: schedule_catch_up(text, timestamp with time zone, timestamp with time zone, timestamp with time zone, bigint, timestamp with time zone[]); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
@@ -646,10 +699,58 @@ CREATE FUNCTION atlantis.schedule_catch_up(job_name text, after timestamp with t
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
+-- Name: schedule_cursor(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_cursor(job_name text) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
 -- Name: schedule_fire(text, timestamp with time zone, interval); Type: FUNCTION; Schema: atlantis; Owner: -
 --
 
 CREATE FUNCTION atlantis.schedule_fire(job_name text, slot timestamp with time zone, grace interval, OUT outcome text, OUT job_id bigint) RETURNS record
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: schedules; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.schedules (
+    job text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    changed_by text,
+    changed_at timestamp with time zone,
+    enabled_from timestamp with time zone,
+    skipped bigint DEFAULT 0 NOT NULL,
+    last_skipped timestamp with time zone,
+    open_from timestamp with time zone
+);
+
+--
+-- Name: schedule_lock(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_lock(job_name text) RETURNS atlantis.schedules
+    LANGUAGE plpgsql
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: schedule_open_run(text, timestamp with time zone); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_open_run(job_name text, since timestamp with time zone, OUT slot timestamp with time zone, OUT job_id bigint) RETURNS record
+    LANGUAGE sql STABLE
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: schedule_set_enabled(text, boolean, text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.schedule_set_enabled(job_name text, enabled boolean, by text DEFAULT CURRENT_USER) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
@@ -670,6 +771,60 @@ CREATE FUNCTION atlantis.send_event(job_id bigint, event text, payload jsonb DEF
 CREATE FUNCTION atlantis.set_queue_limit(queue text, concurrency integer, by text DEFAULT CURRENT_USER) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_estimate(text); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_estimate(filter text) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_limited(text, bigint, integer, bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_limited(q text, cap bigint, span integer, total bigint, OUT claimable bigint, OUT held bigint, OUT oldest timestamp with time zone, OUT exact boolean) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_queues(); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_queues() RETURNS text[]
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_room(text, text, jsonb, jsonb, jsonb, bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_room(job_name text, q text, args jsonb, taken jsonb, running jsonb, in_queue bigint, OUT room bigint, OUT keys text[]) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_scale(text, bigint, bigint, bigint, bigint, bigint, bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_scale(q text, cap bigint, INOUT due bigint, INOUT limited bigint, INOUT later bigint, INOUT suspended bigint, INOUT running bigint, OUT exact boolean) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'atlantis'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: signal_waiting(text, bigint); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.signal_waiting(q text, cap bigint, OUT due bigint, OUT limited bigint, OUT later bigint, OUT suspended bigint, OUT running bigint, OUT oldest timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'atlantis'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --
@@ -1316,6 +1471,21 @@ CREATE TABLE atlantis.settings (
 );
 
 --
+-- Name: worker_orders; Type: TABLE; Schema: atlantis; Owner: -
+--
+
+CREATE TABLE atlantis.worker_orders (
+    name text NOT NULL,
+    worker_id text NOT NULL,
+    action text NOT NULL,
+    exit_when_drained boolean DEFAULT false NOT NULL,
+    asked_by text NOT NULL,
+    asked_at timestamp with time zone DEFAULT now() NOT NULL,
+    drained_at timestamp with time zone,
+    CONSTRAINT worker_orders_action_check CHECK ((action = ANY (ARRAY['drain'::text, 'evict'::text])))
+);
+
+--
 -- Name: workers; Type: TABLE; Schema: atlantis; Owner: -
 --
 
@@ -1333,7 +1503,8 @@ CREATE TABLE atlantis.workers (
     jobs jsonb DEFAULT '[]'::jsonb NOT NULL,
     job_types text[],
     liveness_interval double precision,
-    boot_id text
+    boot_id text,
+    name text
 );
 
 --
@@ -1473,6 +1644,13 @@ ALTER TABLE ONLY atlantis.schedule_runs
     ADD CONSTRAINT schedule_runs_pkey PRIMARY KEY (job, slot);
 
 --
+-- Name: schedules schedules_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (job);
+
+--
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
 --
 
@@ -1485,6 +1663,13 @@ ALTER TABLE ONLY atlantis.schema_migrations
 
 ALTER TABLE ONLY atlantis.settings
     ADD CONSTRAINT settings_pkey PRIMARY KEY (name);
+
+--
+-- Name: worker_orders worker_orders_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -
+--
+
+ALTER TABLE ONLY atlantis.worker_orders
+    ADD CONSTRAINT worker_orders_pkey PRIMARY KEY (name);
 
 --
 -- Name: workers workers_pkey; Type: CONSTRAINT; Schema: atlantis; Owner: -

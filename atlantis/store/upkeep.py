@@ -38,6 +38,8 @@ class WorkerReport:
     """Seconds between its marks of life (migration 0029)."""
     boot_id: str | None
     """Which boot of its host it runs in (/proc/sys/kernel/random/boot_id)."""
+    name: str
+    """Its name, kept across its restarts (``--name``; migration 0032)."""
 
 
 async def worker_upsert(db: Connection, w: WorkerReport) -> None:
@@ -45,7 +47,7 @@ async def worker_upsert(db: Connection, w: WorkerReport) -> None:
         "id": w.id, "host": w.host, "pid": w.pid, "queues": w.queues,
         "concurrency": w.concurrency, "in_flight": w.in_flight, "status": w.status,
         "ttl": w.ttl, "jobs": Jsonb(w.jobs), "job_types": w.job_types,
-        "liveness_interval": w.liveness_interval, "boot_id": w.boot_id,
+        "liveness_interval": w.liveness_interval, "boot_id": w.boot_id, "name": w.name,
     }, timeout=5)
 
 
@@ -99,9 +101,15 @@ async def log_trim(db: Connection, key: tuple[int, int, int], keep: int) -> None
 @dataclass(frozen=True, slots=True)
 class CaughtUp:
     outcome: str
-    """done, stale (another supervisor recorded a later slot) or busy."""
+    """done, stale (the schedule's cursor moved: another supervisor fired a slot, or it was
+    enabled again), disabled (an operator's switch) or busy."""
     last_slot: datetime | None
     job_ids: list[int]
+    job_slots: list[datetime]
+    """The slot of each of ``job_ids``."""
+    skipped: int
+    """Slots skipped (overlap skip) while ``open_job`` was waiting or running."""
+    open_job: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +125,18 @@ async def database_now(db: Connection) -> datetime:
 
 
 async def latest_slots(db: Connection, jobs: list[str]) -> list[LatestSlot]:
-    """The latest slot recorded of each of ``jobs`` that has one."""
+    """Where each of ``jobs`` that fired once stands: the latest slot it dealt with, or the
+    moment it was enabled again (``atlantis.schedule_cursor``)."""
     return await db.fetch_rows(LatestSlot, Q.schedule_latest, {"jobs": jobs}, timeout=30)
 
 
-async def schedule_catch_up(db: Connection, job: str, after: datetime | None,
-                            missed_from: datetime | None, missed_to: datetime | None,
-                            missed: int, due: list[datetime]) -> list[CaughtUp]:
-    return await db.fetch_rows(CaughtUp, Q.schedule_catch_up, {
+async def schedule_advance(db: Connection, job: str, after: datetime | None,
+                           missed_from: datetime | None, missed_to: datetime | None,
+                           missed: int, due: list[datetime], overlap: str) -> list[CaughtUp]:
+    """Hand the slots of one schedule to ``atlantis.schedule_advance`` (live/schedules.sql)."""
+    return await db.fetch_rows(CaughtUp, Q.schedule_advance, {
         "job": job, "after": after, "missed_from": missed_from, "missed_to": missed_to,
-        "missed": missed, "due": due}, timeout=30)
+        "missed": missed, "due": due, "overlap": overlap}, timeout=30)
 
 
 async def prune_jobs(db: Connection, states: list[str], older_than: float, lock: int,

@@ -193,6 +193,8 @@ class Claimer(Service):
 
     async def _claim(self) -> None:
         rt = self.rt
+        if rt.held is not None:
+            return  # an operator's drain or eviction (orders.py): nothing until resumed
         held = self.ledger.held
         if self._stale_at is not None and self.ledger.attempts_ended != self._stale_at:
             self._stale_at = None  # an attempt ended since: a child is free again
@@ -310,7 +312,7 @@ class Claimer(Service):
         rt = self.rt
         a = self.ledger.claimed(row, t0)
         a.limited = limited
-        if rt.draining:  # claimed as the drain began: give it back now
+        if not rt.claiming:  # claimed as a drain or an order began: give it back now
             self.ledger.end(a, policy.RELEASE)
             return a
         if policy.lease_lost(rt.now(), a.lease_end, a.heartbeat):

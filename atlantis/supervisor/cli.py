@@ -35,9 +35,11 @@ from atlantis.store.database import (
     redact,
     resolve_url,
 )
+from atlantis.store.embedded import check_embedded
 from atlantis.supervisor import logformat, policy
 from atlantis.supervisor.init import stay_init_if_pid1
 from atlantis.supervisor.metrics import MetricsUnavailable
+from atlantis.supervisor.readiness import ReadinessUnavailable
 from atlantis.supervisor.settings import from_options
 from atlantis.supervisor.settings import options as settings_options
 from atlantis.supervisor.supervisor import Supervisor
@@ -73,7 +75,8 @@ def main(**values: Any) -> None:
     signal.signal(signal.SIGHUP, lambda signum, frame: None)
     stay_init_if_pid1()  # as PID 1: supervise from a child, with these handlers
     logformat.setup(values.get("log_format") or "text")
-    try:
+    try:  # first: a container with no URL says only that (ATLANTIS_EMBEDDED=never)
+        check_embedded(url_given=bool(values.get("database_url") or os.environ.get(ENV_URL)))
         settings = from_options(values)
         registry = load_app(settings.app or None)
         if not settings.app:
@@ -119,7 +122,7 @@ def main(**values: Any) -> None:
     settings = replace(settings, database_url=url)
     try:
         code = asyncio.run(Supervisor(settings, registry, early_signals=early).run())
-    except MetricsUnavailable as exc:  # before any child started or any row was claimed
+    except (MetricsUnavailable, ReadinessUnavailable) as exc:  # before any child or claim
         _fail(str(exc))
     logging.shutdown()
     sys.exit(code)

@@ -1,7 +1,8 @@
 """Control: what the database announces, heard on LISTEN, with polls as the fallback.
 
 New work on a served queue wakes the claimer; an operator's cancel reaches its attempt
-through the ledger; a pause, a resume or a queue limit is looked up at once. NOTIFYs are a fast path
+through the ledger; a pause, a resume or a queue limit is looked up at once, as is an
+operator's order to this supervisor (orders.py, which polls for it too). NOTIFYs are a fast path
 only: a poll finds the cancels (for attempts whose renewals come too seldom to carry them)
 and the paused queues that a lost notification never announced.
 
@@ -100,6 +101,8 @@ class Control(Service):
                 rt.ledger.cancel(job_id)
         elif op in ("pause", "resume", "limit") and msg.get("queue") in rt.settings.queues:
             self._pause_now.set()
+        elif op == "worker" and msg.get("worker") == rt.worker_id:
+            rt.orders_wake.set()  # an operator's drain, eviction or resume (orders.py)
 
     async def _cancel_loop(self) -> None:
         """Cancels this supervisor did not hear of (a lost NOTIFY), every ``cancel_poll``.

@@ -66,6 +66,10 @@ class Metrics:
             "atlantis_schedule_slots_missed_total", "Schedule slots skipped because they were "
             "already later than the grace when a round first saw them (nothing ran then); "
             "counted by the supervisor that recorded them.", ["job"], registry=self.registry)
+        self.schedule_skipped = Counter(
+            "atlantis_schedule_slots_skipped_total", "Schedule slots not enqueued because an "
+            "earlier run of the schedule was still waiting or running (overlap skip); counted "
+            "by the supervisor that recorded them.", ["job"], registry=self.registry)
         self.step_records = Counter(
             "atlantis_handler_step_records_total", "Handler step records written (ctx.run_step, "
             "ctx.transaction, ctx.sleep), as the attempts that wrote them reported.", ["queue"],

@@ -39,10 +39,12 @@ class Presence(Service):
         self.children = children
         self.served = served
         self.refresh = asyncio.Event()
+        """Set when the jobs served or the order changed: the worker row says so at once."""
         self.folder = identity.runtime_dir(rt.settings.runtime_dir)
         self.lock = -1
         """This supervisor's lock file's descriptor, held while it runs (-1: none)."""
-        """Set when the jobs served changed (a reload): the worker row says so at once."""
+        self.order_status: Callable[[], str | None] = lambda: None
+        """``draining`` or ``drained`` under an operator's order (orders.py), else None."""
 
     def loops(self) -> list[Loop]:
         return [self._worker_loop, self._liveness_loop, self._status_loop]
@@ -107,7 +109,8 @@ class Presence(Service):
             await sql.worker_upsert(self.db, WorkerReport(
                 id=rt.worker_id, host=socket.gethostname(), pid=os.getpid(),
                 queues=list(s.queues), concurrency=s.concurrency, in_flight=len(attempts),
-                status="draining" if rt.draining else "running", ttl=s.worker_ttl,
+                status="draining" if rt.draining else self.order_status() or "running",
+                ttl=s.worker_ttl, name=s.worker_name,
                 jobs=jobs, job_types=self.served(),
                 liveness_interval=s.liveness_interval, boot_id=identity.boot_id()))
             stalled, dead = await sql.queue_gauges(self.db, list(s.queues))
@@ -147,7 +150,7 @@ class Presence(Service):
         if rt.health.down_since is not None:
             down = format_duration(round(rt.now() - rt.health.down_since))
             db = f", database unreachable for {down} ({rt.health.error})"
-        phase = "draining" if rt.draining else "serving"
+        phase = "draining" if rt.draining else self.order_status() or "serving"
         return (f"STATUS={phase} {','.join(rt.settings.queues)}: "
                 f"{len(rt.ledger.in_flight)}/{rt.settings.concurrency} in flight{db}")
 

@@ -37,6 +37,10 @@ class Runtime:
     """The phase: set once, when the drain begins (no more claims)."""
     stop_signals: int = 0
     """SIGTERM/SIGINT received: a second one during the drain hurries it."""
+    held: str | None = None
+    """An operator's order (``drain`` or ``evict``, :mod:`orders`): no claims until resumed."""
+    orders_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Look up this supervisor's order now (a NOTIFY named it)."""
     paused: set[str] = field(default_factory=set)
     """Served queues an operator paused: not claimed from until resumed."""
     claim_mode: ClaimMode = field(default_factory=ClaimMode)
@@ -74,6 +78,11 @@ class Runtime:
     async def close_databases(self) -> None:
         for conn in self._dbs:
             await conn.close()
+
+    @property
+    def claiming(self) -> bool:
+        """Whether rows may be claimed: neither draining (a stop) nor held by an order."""
+        return not self.draining and self.held is None
 
     def now(self) -> float:
         return self.loop.time()

@@ -5,15 +5,18 @@ scheduled job of the served queues, works out the slots since the latest one rec
 (``atlantis.declarations.cron``: the job's ``tz``, UTC by default; DST handled there), not
 only the latest one: a round that comes late (a stopped or busy supervisor, a slow
 database, a sleep that drifted) still fires every slot in between. They go to
-``atlantis.schedule_catch_up`` (store/live/schedules.sql) in one transaction, with the latest slot
-recorded that they follow: slots more than ``schedule_grace`` before the clock are recorded
-as one row that counts them (``missed``, from ``missed_from`` to ``slot``; never a row, nor
-a step, per slot: they are counted arithmetically), and each later slot is a row of
-``atlantis.schedule_runs`` and a job with its default args. The function holds a lock per
-schedule (not waited for: 'busy', try again next round) and does nothing if another
-supervisor recorded a slot first ('stale'): this one then goes on from that slot. So however
-many supervisors run, each slot is enqueued or counted once, and none of them is a leader
-that could die.
+``atlantis.schedule_advance`` (store/live/schedules.sql) in one transaction, with the
+schedule's cursor that they follow (the latest slot it dealt with, or the moment it was
+enabled again): slots more than ``schedule_grace`` before the clock are recorded as one row
+that counts them (``missed``, from ``missed_from`` to ``slot``; never a row, nor a step, per
+slot: they are counted arithmetically), and each later slot is a row of
+``atlantis.schedule_runs`` and a job with its default args, unless the job's ``overlap`` is
+``skip`` (the default) and a run of the schedule has not ended: that slot is only counted as
+skipped. The function holds the schedule's locks (not waited for: 'busy', try again next
+round), does nothing while an operator has switched the schedule off ('disabled': asked again
+at its next slot) and nothing if another supervisor recorded a slot first, or it was enabled
+again ('stale'): this one then goes on from the new cursor. So however many supervisors run,
+each slot is enqueued or counted once, and none of them is a leader that could die.
 
 A schedule that never ran does not count its past: only its latest slot runs, if it is
 within the grace. A paused queue still gets its scheduled jobs; they wait like any other.
@@ -63,6 +66,8 @@ class _State:
     due: datetime | None = None  # the next slot after the last round that handled one
     failures: int = 0
     retry_at: float = 0.0  # loop time; after a refused enqueue
+    disabled: bool = False  # the database said so at the last round that asked
+    skipping: int | None = None  # the open run the last slots were skipped for (said once)
 
 
 class Scheduler(Service):
@@ -136,7 +141,7 @@ class Scheduler(Service):
             if state.failures:
                 continue  # refused; retried after a backoff
             state.due = next_slot(expr, state.decl.tz,
-                                  now if state.done is None else state.done)
+                                  now if state.done is None or state.disabled else state.done)
 
     def _plan(self, name: str, state: _State, now: datetime) -> _Plan | None:
         """The slots of one schedule after the latest recorded, up to ``now``; None if none."""
@@ -174,15 +179,17 @@ class Scheduler(Service):
         return _Plan(state.done, missed, first if missed else None, missed_to, due)
 
     async def catch_up(self, name: str, state: _State, plan: _Plan) -> str | None:
-        """Hand a schedule's slots to the database: 'done', 'stale' (another supervisor
-        recorded a later slot: ``state`` follows it), 'busy' (another supervisor is recording
-        slots of it now), 'refused', or None when the database could not be reached."""
+        """Hand a schedule's slots to the database: 'done', 'stale' (its cursor moved: another
+        supervisor recorded a later slot, or it was enabled again; ``state`` follows it),
+        'busy' (another supervisor is recording slots of it now), 'disabled' (switched off by
+        an operator), 'refused', or None when the database could not be reached."""
         rt = self.rt
         slot = plan.due[-1] if plan.due else plan.missed_to
         assert slot is not None
         try:
-            rows = await sql.schedule_catch_up(self.db, name, plan.after, plan.missed_from,
-                                               plan.missed_to, plan.missed, plan.due)
+            rows = await sql.schedule_advance(self.db, name, plan.after, plan.missed_from,
+                                              plan.missed_to, plan.missed, plan.due,
+                                              state.decl.overlap or "skip")
         except DatabaseUnavailable as exc:
             if rt.health.down_since is not None:
                 return None  # an outage, reported by the connection: next round
@@ -200,8 +207,25 @@ class Scheduler(Service):
         if result.outcome == "busy":
             return result.outcome  # another supervisor is at it: see what it did next round
         state.done = result.last_slot
+        self._switch(name, state, result.outcome == "disabled")
         if result.outcome != "done":
             return result.outcome
+        self._report(name, state, plan, result)
+        return result.outcome
+
+    def _switch(self, name: str, state: _State, disabled: bool) -> None:
+        """Follow the operator's switch, saying so when it changed."""
+        if disabled != state.disabled:
+            log.info("schedule %s is %s", name,
+                     "disabled by an operator: its slots are neither enqueued nor counted "
+                     f"until `tide schedule enable {name}`" if disabled else
+                     "enabled again: the slots since it was disabled are not back-filled",
+                     extra={"queue": state.decl.queue})
+        state.disabled = disabled
+
+    def _report(self, name: str, state: _State, plan: _Plan, result: sql.CaughtUp) -> None:
+        """Log and count what a round that was 'done' did: missed, enqueued, skipped."""
+        rt = self.rt
         extra = {"queue": state.decl.queue}
         if plan.missed and plan.after is not None:
             rt.metrics.schedule_missed.labels(name).inc(plan.missed)
@@ -211,10 +235,22 @@ class Scheduler(Service):
                     f"{_show(plan.missed_to)}")
             log.warning("schedule %s: %s missed (more than %gs late when first seen); not run "
                         "late", name, what, rt.settings.schedule_grace, extra=extra)
-        for due, job_id in zip(plan.due, result.job_ids, strict=False):
+        for due, job_id in zip(result.job_slots, result.job_ids, strict=True):
             log.info("schedule %s: slot %s enqueued as job=%s", name, _show(due), job_id,
                      extra={**extra, "job_id": job_id})
-        return result.outcome
+        if not result.skipped:
+            state.skipping = None
+            return
+        rt.metrics.schedule_skipped.labels(name).inc(result.skipped)
+        enqueued = set(result.job_slots)
+        skipped = [s for s in plan.due if s not in enqueued][-result.skipped:]
+        what = (f"slot {_show(skipped[-1])}" if len(skipped) == 1 else
+                f"{len(skipped)} slots from {_show(skipped[0])} to {_show(skipped[-1])}")
+        # Said once per run waited for; a slot a second would otherwise be a line a second.
+        level = logging.DEBUG if result.open_job == state.skipping else logging.INFO
+        log.log(level, "schedule %s: %s skipped: its run job=%s has not ended (overlap skip)",
+                name, what, result.open_job, extra=extra)
+        state.skipping = result.open_job
 
     def _refused(self, name: str, state: _State, slot: datetime, error: str) -> None:
         state.failures += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,11 @@ class Settings:
     queues: tuple[str, ...] = _opt("queues", "Queue to serve (repeatable).", default=(),
                                    option="--queue")
     app: str = _opt("str", f"package.module:registry (or {environ.APP}).", default="")
+    name: str = _opt(
+        "str", "This supervisor's name, kept across its restarts: an operator's drain or "
+        "eviction (tide worker drain|evict) is kept for the name until tide worker resume. "
+        "Default: HOST:QUEUE,QUEUE... (give each its own when several on one host serve the "
+        f"same queues; or {environ.WORKER_NAME}).", default="")
     database_url: str = _opt("str", f"libpq URL; default ${environ.DATABASE_URL} or embedded.",
                              default="")
     handler_database_url: str = _opt(
@@ -79,6 +85,11 @@ class Settings:
     metrics_port: int = _opt("int", "Serve Prometheus metrics on this port (0: off).", default=0)
     metrics_host: str = _opt("str", "Address of the metrics server (0.0.0.0 for remote scraping).",
                              default="127.0.0.1")
+    ready_port: int = _opt("int", "Serve GET /ready on this port (0: off): 200 while serving, "
+                           "503 while starting, draining or the database is unreachable; and "
+                           "GET /live, 200 while the supervisor's loop answers.", default=0)
+    ready_host: str = _opt("str", "Address of the /ready server (0.0.0.0 for a Kubernetes "
+                           "probe).", default="127.0.0.1")
     log_format: str = _opt("choice", "Log lines as text or JSON.", default="text",
                            choices=("text", "json"))
     cancel_grace: float = _opt("duration", "After a cancel reaches an attempt: how long the "
@@ -217,6 +228,10 @@ class Settings:
             raise ConfigurationError("--listen-database-url and --no-listen exclude each other")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError("--metrics-port must be between 0 and 65535")
+        if not 0 <= self.ready_port <= 65535:
+            raise ConfigurationError("--ready-port must be between 0 and 65535")
+        if self.ready_port and self.ready_port == self.metrics_port:
+            raise ConfigurationError("--ready-port and --metrics-port must differ")
         for name in ("tick", "poll_interval", "progress_interval", "claim_timeout",
                      "finish_timeout", "worker_refresh", "liveness_interval", "listen_ping",
                      "memory_interval", "cancel_poll", "pause_poll", "log_flush_interval",
@@ -226,6 +241,11 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be positive")
         return self
+
+    @property
+    def worker_name(self) -> str:
+        """``--name``, else this host and the queues served: HOST:QUEUE,QUEUE..."""
+        return self.name or f"{socket.gethostname()}:{','.join(sorted(set(self.queues)))}"
 
     @property
     def ahead(self) -> int:
@@ -266,7 +286,7 @@ def options(command: Callable[..., Any]) -> Callable[..., Any]:
             command = click.option(decl, f.name, type=click.Choice(f.metadata["choices"]),
                                    default=None, **common)(command)
         else:
-            envvar = {"app": environ.APP,
+            envvar = {"app": environ.APP, "name": environ.WORKER_NAME,
                       "handler_database_url": environ.HANDLER_DATABASE_URL,
                       "listen_database_url": environ.LISTEN_DATABASE_URL}.get(f.name)
             command = click.option(decl, f.name, default=None, envvar=envvar, **common)(command)

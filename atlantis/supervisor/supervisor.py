@@ -10,12 +10,14 @@
 Signal handlers only set flags and wake the loop. The services (see docs/architecture.md),
 in starting order:
 
+- readiness   /ready and /live on --ready-port: 503 until serving and again once draining
 - presence    metrics, the worker row, systemd status and watchdog
 - completer   outcomes written in batches, row-by-row fallback
 - logs        each attempt's output into atlantis.logs, bounded
 - leases      renewal, lost leases, checkpoints written
 - enforcement timeouts, cancel and kill graces, memory and task limits
-- control     LISTEN (new work, cancels, pauses) and the fallback polls
+- control     LISTEN (new work, cancels, pauses, orders) and the fallback polls
+- orders      an operator's drain or eviction of this supervisor (kept across restarts)
 - pool        children, generations, zygotes, respawn backoff; it drains at stop
 - rescue      rows whose lease expired, any supervisor's
 - claimer     claims rows for idle children (and a few ahead), gives back orphans
@@ -40,8 +42,10 @@ from atlantis.supervisor.completer import Completer
 from atlantis.supervisor.control import Control
 from atlantis.supervisor.enforcement import Enforcement
 from atlantis.supervisor.leases import Leases
+from atlantis.supervisor.orders import Orders
 from atlantis.supervisor.pool import Pool
 from atlantis.supervisor.presence import Presence
+from atlantis.supervisor.readiness import Readiness
 from atlantis.supervisor.reload import Reloader, limited_jobs, served
 from atlantis.supervisor.rescue import Rescue
 from atlantis.supervisor.retention import Retention
@@ -65,6 +69,7 @@ class Supervisor:
         jobs = sorted(self.registry.registrations)
         decls = served(list(self.registry.decls.values()), jobs, self.settings.queues)
         rt.claim_mode.limited_jobs = limited_jobs(list(self.registry.decls.values()))
+        self.readiness = Readiness(rt)
         completer = Completer(rt)
         logs = AttemptLogs(rt)
         pool = Pool(rt, logs, jobs)
@@ -76,8 +81,11 @@ class Supervisor:
         self.reloader = Reloader(rt, pool, scheduler, jobs)
         self.flush = completer.flush
         claimer = Claimer(rt, lambda: jobset.claimed, pool.idle, pool.feed)
-        return [presence, completer, logs, Leases(rt), Enforcement(rt), Control(rt), pool,
-                Rescue(rt, completer.flush), claimer, scheduler, Retention(rt)]
+        orders = Orders(rt, presence.refresh.set, self._request_stop)
+        presence.order_status = orders.status
+        return [self.readiness, presence, completer, logs, Leases(rt), Enforcement(rt),
+                Control(rt), orders,
+                pool, Rescue(rt, completer.flush), claimer, scheduler, Retention(rt)]
 
     async def run(self) -> int:
         rt = self.rt = Runtime(self.settings)
@@ -98,6 +106,7 @@ class Supervisor:
                  rt.worker_id, ",".join(s.queues), s.concurrency, s.isolation,
                  extra={"worker": rt.worker_id})
         rt.notifier.notify("READY=1", self.presence.status())
+        self.readiness.serving = True
         # -- serving
         await self.stopped.wait()
         # -- draining
@@ -109,6 +118,11 @@ class Supervisor:
         await rt.close_databases()
         log.info("supervisor %s stopped", rt.worker_id)
         return 0
+
+    def _request_stop(self) -> None:
+        """Stop as on SIGTERM, without counting a signal (``tide worker drain --exit``)."""
+        self.stopped.set()
+        self.rt.changed.set()
 
     def _on_stop_signal(self) -> None:
         self.rt.stop_signals += 1
