@@ -450,6 +450,7 @@ CREATE FUNCTION atlantis.limit_value(decl atlantis.job_types, args jsonb, by tex
 CREATE FUNCTION atlantis.limited_groups(q text, p integer, after text, span integer) RETURNS text[]
     LANGUAGE plpgsql STABLE
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_sort TO 'off'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --

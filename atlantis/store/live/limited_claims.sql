@@ -2,22 +2,37 @@
 
 -- The priority of the first due-or-not waiting limited row of queue `q` above priority
 -- `above` (NULL: the highest); NULL when there is none. One probe of jobs_limited_idx.
+-- Two probes, one of which runs (as in limited_groups): an `above IS NULL OR priority >
+-- above` test would let a generic plan (claim_limited forces them; PostgreSQL 18 caches a
+-- SQL function's plans and goes generic after five calls) read every waiting limited row of
+-- the priority `above` before it finds none past it: 13 ms at 20,000 such rows, against
+-- 0.16 ms for the probe (benchmarks/HISTORY.md, 2026-12-07).
 CREATE OR REPLACE FUNCTION atlantis.limited_priority(q text, above int) RETURNS int
 LANGUAGE sql STABLE AS $$
-    SELECT x.priority FROM atlantis.jobs x
-     WHERE x.state = 'available' AND x.limit_group IS NOT NULL AND x.queue = q
-       AND (above IS NULL OR x.priority > above)
-     ORDER BY x.priority, x.limit_group LIMIT 1
+    SELECT CASE WHEN above IS NULL
+                THEN (SELECT x.priority FROM atlantis.jobs x
+                       WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                         AND x.queue = q
+                       ORDER BY x.priority, x.limit_group LIMIT 1)
+                ELSE (SELECT x.priority FROM atlantis.jobs x
+                       WHERE x.state = 'available' AND x.limit_group IS NOT NULL
+                         AND x.queue = q AND x.priority > above
+                       ORDER BY x.priority, x.limit_group LIMIT 1) END
 $$;
 
 -- Up to `span` groups (limit_group) of waiting limited rows of queue `q` at priority `p`, in
 -- turn: the ones after `after` (all from the first when NULL), then, wrapping around, the
 -- ones up to `after`. Each is one index probe of jobs_limited_idx (queue, priority,
--- limit_group, ...): a recursive walk, whatever the number of rows a group holds.
+-- limit_group, ...): a recursive walk, whatever the number of rows a group holds. No sort:
+-- a table whose statistics say it is nearly empty (rows just enqueued, not analyzed yet)
+-- would otherwise have each probe read the queue's whole priority through jobs_fetch_idx and
+-- sort it (2.7 ms a probe at 10,000 rows, against 0.03: the limited drain ran at half speed
+-- until autovacuum analyzed the table; benchmarks/HISTORY.md, 2026-12-07).
 CREATE OR REPLACE FUNCTION atlantis.limited_groups(q text, p int, after text, span int)
 RETURNS text[]
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
 AS $$
 DECLARE
     groups text[];
