@@ -69,7 +69,11 @@ class MetricsServer:
         return self.log_path.read_text("utf-8", errors="replace")
 
     def scrape(self) -> dict[tuple[str, str], float]:
-        return samples(scrape_metrics(self.port))
+        """One scrape's samples; asked again while none answers within scrape_metrics' 5 s (a
+        machine busy with I/O: the test then fails on what it checks, not on a timeout)."""
+        text: str = wait_for(lambda: scrape_metrics(self.port) or None, timeout=60,
+                             message="a scrape of tide metrics serve")
+        return samples(text)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
