@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from atlantis.store import scaling
 from atlantis.store.deadline import StatementDeadline
-from atlantis.store.scaling import QueueSignal
+from atlantis.store.scaling import Fleet, QueueSignal
 
 #: The per-queue gauges (label ``queue``): name, help, the field of :class:`QueueSignal`.
 QUEUE_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -41,22 +41,23 @@ QUEUE_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("atlantis_queue_paused", "1 while an operator has paused the queue, else 0.", "paused"),
 )
 WORKERS_SILENT = "atlantis_workers_silent"
+WORKERS_HELD = "atlantis_workers_held"
 DATABASE_UP = "atlantis_database_up"
 #: Every name this collector serves.
-NAMES = (*(name for name, _, _ in QUEUE_GAUGES), WORKERS_SILENT, DATABASE_UP)
+NAMES = (*(name for name, _, _ in QUEUE_GAUGES), WORKERS_SILENT, WORKERS_HELD, DATABASE_UP)
 
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """What one scrape read: every queue's signal, and how many supervisors are silent."""
+    """What one scrape read: every queue's signal, and the supervisors (silent, held)."""
 
     queues: list[QueueSignal]
-    workers_silent: int
+    fleet: Fleet
 
 
 def read(conn: psycopg.Connection[Any]) -> Reading:
     """One scrape's rows, read on ``conn``."""
-    return Reading(scaling.queue_signal(conn), scaling.workers_silent(conn))
+    return Reading(scaling.queue_signal(conn), scaling.fleet(conn))
 
 
 class SignalCollector(Collector):
@@ -99,8 +100,14 @@ def gauges(reading: Reading) -> Iterator[Metric]:
         yield family
     silent = GaugeMetricFamily(WORKERS_SILENT, "Supervisors not seen for two of their own "
                                "liveness intervals (tide worker list says silent).")
-    silent.add_metric([], reading.workers_silent)
+    silent.add_metric([], reading.fleet.silent)
     yield silent
+    held = GaugeMetricFamily(WORKERS_HELD, "Supervisor names an operator's order holds until "
+                             "tide worker resume (order: drain or evict), whether or not a "
+                             "supervisor of the name runs now.", labels=["order"])
+    held.add_metric(["drain"], reading.fleet.drained)
+    held.add_metric(["evict"], reading.fleet.evicted)
+    yield held
 
 
 def registry(source: Callable[[], Reading],

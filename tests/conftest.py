@@ -325,6 +325,51 @@ def run_tide(argv: list[str], *, check: bool = True,
     return done
 
 
+#: The token of the ``console`` fixture's console (label ``ops-team``), and its header.
+CONSOLE_SECRET = "s3cret-token"
+CONSOLE_BEARER = {"Authorization": f"Bearer {CONSOLE_SECRET}"}
+
+
+@pytest.fixture
+def console(db_url: str) -> Iterator[Any]:
+    """The console (Starlette's TestClient on the real app) with a token, label
+    ``ops-team``: :data:`CONSOLE_BEARER` may write. Skipped without the console extra."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    import warnings
+
+    with warnings.catch_warnings():  # newer Starlette prefers the httpx2 fork; httpx works
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from atlantis.console.app import create_app
+    from atlantis.console.settings import Settings, Token
+
+    settings = Settings(db_url, token=Token("ops-team", CONSOLE_SECRET), poll_interval=0.5,
+                        log_interval=0.2, debounce=0.05)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as tc:
+        yield tc
+
+
+def console_audit(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """The console's audit rows, oldest first: (action, target, label, outcome, detail)."""
+    return conn.execute("SELECT action, target, label, outcome, detail"
+                        " FROM atlantis.console_audit ORDER BY id").fetchall()
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 15.0) -> int:
+    """SIGTERM to ``proc`` (by its pid), SIGKILL if it is still there after ``grace``
+    seconds; its exit status."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
 def child_processes(pid: int) -> set[int]:
     """The live child processes of supervisor ``pid`` that run attempts (its lease keeper,
     ``python -m atlantis.keeper``, left out)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ with warnings.catch_warnings():  # newer Starlette prefers the httpx2 fork; http
 import atlantis
 from atlantis.console.app import create_app
 from atlantis.console.settings import Settings, Token
-from tests.conftest import ROOT, wait_for, wait_state
+from tests.conftest import ROOT, stop_process, wait_for, wait_state
 from tests.docs import bad_input_text
 
 APP = "tests.apps.console_app:registry"
@@ -324,13 +323,7 @@ class Console:
         return self.log_path.read_text("utf-8", errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 

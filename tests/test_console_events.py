@@ -8,7 +8,6 @@ Python, SQL and ``tide`` sides: tests/test_events.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -25,22 +24,13 @@ with warnings.catch_warnings():  # newer Starlette prefers the httpx2 fork; http
 
 import atlantis
 from atlantis.console.app import create_app
-from atlantis.console.settings import Settings, Token
-from tests.conftest import job_row, wait_for, wait_state
+from atlantis.console.settings import Settings
+from tests.conftest import CONSOLE_BEARER as BEARER
+from tests.conftest import CONSOLE_SECRET as SECRET
+from tests.conftest import console_audit, job_row, wait_for, wait_state
 from tests.docs import bad_input_text
 
-SECRET = "s3cret-token"
-BEARER = {"Authorization": f"Bearer {SECRET}"}
 HERE = "tests/test_console_events.py"
-
-
-@pytest.fixture
-def console(db_url: str) -> Iterator[TestClient]:
-    """The console with a token (label ``ops-team``): the bearer token may write."""
-    settings = Settings(db_url, token=Token("ops-team", SECRET), poll_interval=0.5,
-                        log_interval=0.2, debounce=0.05)
-    with TestClient(create_app(settings), base_url="http://127.0.0.1") as tc:
-        yield tc
 
 
 def _import_job(db: psycopg.Connection[Any]) -> int:
@@ -51,11 +41,6 @@ def _import_job(db: psycopg.Connection[Any]) -> int:
 def _events(db: psycopg.Connection[Any], job_id: int) -> list[tuple[Any, ...]]:
     return db.execute("SELECT id, event, payload, sent_by FROM atlantis.job_events "
                       "WHERE job_id = %s ORDER BY id", (job_id,)).fetchall()
-
-
-def _audit(db: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return db.execute("SELECT action, target, label, outcome, detail FROM atlantis.console_audit "
-                      "ORDER BY id").fetchall()
 
 
 def _waiting(db: psycopg.Connection[Any], job_id: int) -> dict[str, Any] | None:
@@ -86,7 +71,7 @@ def test_an_event_from_the_api_wakes_the_job_that_waits_for_it(
     assert ddb.execute("SELECT id, event, payload, sent_by, consumed_by FROM atlantis.job_events "
                        "WHERE job_id = %s", (job_id,)).fetchall() == [
         (event_id, "approved", {"by": "alice"}, "console:ops-team", "approval")]
-    assert _audit(ddb) == [("send-event", str(job_id), "ops-team", "sent approved",
+    assert console_audit(ddb) == [("send-event", str(job_id), "ops-team", "sent approved",
                             {"event": "approved", "event_id": event_id})]
     # The job has ended: its page offers the form no more.
     page = console.get(f"/jobs/{job_id}", headers=BEARER).text
@@ -122,7 +107,7 @@ def test_the_job_page_form_sends_an_event_with_the_login_cookie(
                      data={"csrf": csrf.group(1), "event": "nudge", "payload": "  "})
     assert r.status_code == 303, r.text
     assert [e[2] for e in _events(db, job_id)] == [[1, "two"], None]
-    assert [(a[0], a[3]) for a in _audit(db)] == [("send-event", "sent nudge")] * 2
+    assert [(a[0], a[3]) for a in console_audit(db)] == [("send-event", "sent nudge")] * 2
     assert job_row(db, job_id)["state"] == "available"
 
 
@@ -137,7 +122,7 @@ def test_an_ended_job_refuses_the_event_with_409_and_the_refusal_is_audited(
     page = console.post(f"/jobs/{job_id}/events", headers=BEARER, data={"event": "late"})
     assert page.status_code == 409 and message in page.text
     assert _events(db, job_id) == []
-    assert _audit(db) == [("send-event", str(job_id), "ops-team", f"refused: {message}",
+    assert console_audit(db) == [("send-event", str(job_id), "ops-team", f"refused: {message}",
                            {"event": "late"})] * 2
 
 
@@ -149,7 +134,7 @@ def test_an_unknown_job_is_404(db: psycopg.Connection[Any], console: TestClient)
     assert console.post("/api/jobs/nope/events", headers=BEARER,
                         json={"event": "x"}).status_code == 404
     assert db.execute("SELECT count(*) FROM atlantis.job_events").fetchone() == (0,)
-    assert _audit(db) == []
+    assert console_audit(db) == []
 
 
 #: id: (the JSON body of POST /api/jobs/{id}/events, the 400's exact text; "{job}" the id)
@@ -179,7 +164,7 @@ def test_a_bad_event_is_a_400_and_sends_nothing(db: psycopg.Connection[Any],
     assert r.headers["content-type"].startswith("application/json"), r.text
     assert (r.status_code, r.json()) == (400, {"error": message.format(job=job_id)})
     assert _events(db, job_id) == []
-    refused = [(a[0], a[3]) for a in _audit(db)]
+    refused = [(a[0], a[3]) for a in console_audit(db)]
     # The database's own refusals are audited; what the console refuses first never reached it.
     assert refused == ([("send-event", f"refused: {message.format(job=job_id)}")]
                        if case == "oversized-payload" else [])
@@ -203,7 +188,7 @@ def test_a_form_with_a_payload_that_is_not_json_is_a_clear_400(
                         data={"event": "approved", "payload": payload})
     assert page.status_code == 400 and "text/html" in page.headers["content-type"]
     assert f'<p class="error-text" id="error-message">{message}</p>' in page.text, page.text
-    assert _events(db, job_id) == [] and _audit(db) == []
+    assert _events(db, job_id) == [] and console_audit(db) == []
 
 
 def test_without_the_right_to_write_it_is_refused(db: psycopg.Connection[Any],
@@ -224,7 +209,7 @@ def test_without_the_right_to_write_it_is_refused(db: psycopg.Connection[Any],
         r = read_only.post(f"/api/jobs/{job_id}/events", json=body, headers=BEARER)
         assert r.status_code == 403 and "read-only console" in r.json()["error"]
         assert 'id="send-event"' not in read_only.get(f"/jobs/{job_id}").text
-    assert _events(db, job_id) == [] and _audit(db) == []
+    assert _events(db, job_id) == [] and console_audit(db) == []
 
 
 def test_the_bad_input_table_quotes_these_messages() -> None:

@@ -7,7 +7,6 @@ supervisor. ``tide worker``'s side: tests/test_worker_orders.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,25 +23,10 @@ with warnings.catch_warnings():  # newer Starlette prefers the httpx2 fork; http
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from atlantis.console.app import create_app
-from atlantis.console.settings import Settings, Token
+from tests.conftest import CONSOLE_BEARER as BEARER
+from tests.conftest import CONSOLE_SECRET as SECRET
+from tests.conftest import console_audit as audit
 from tests.conftest import wait_for
-
-SECRET = "s3cret-token"
-BEARER = {"Authorization": f"Bearer {SECRET}"}
-
-
-@pytest.fixture
-def console(db_url: str) -> Iterator[TestClient]:
-    settings = Settings(db_url, token=Token("ops-team", SECRET), poll_interval=0.5,
-                        log_interval=0.2, debounce=0.05)
-    with TestClient(create_app(settings), base_url="http://127.0.0.1") as tc:
-        yield tc
-
-
-def _audit(db: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return db.execute("SELECT action, target, label, outcome, detail FROM atlantis.console_audit "
-                      "ORDER BY id").fetchall()
 
 
 def _worker(db: psycopg.Connection[Any], name: str) -> tuple[str, str] | None:
@@ -72,7 +56,7 @@ def test_drain_and_resume_from_the_api_are_audited(
     wait_for(lambda: _worker(db, "console-w") == (worker_id, "running"), message="running")
     r = console.post("/api/workers/nobody/evict", headers=BEARER, json={})
     assert (r.status_code, r.json()) == (404, {"error": "no supervisor nobody"})
-    assert _audit(db) == [("worker-drain", worker_id, "ops-team", "done", {}),
+    assert audit(db) == [("worker-drain", worker_id, "ops-team", "done", {}),
                           ("worker-resume", worker_id, "ops-team", "done", {}),
                           ("worker-evict", "nobody", "ops-team",
                            "refused: no supervisor nobody", {})]
@@ -103,4 +87,4 @@ def test_the_worker_page_forms_need_the_csrf_token_and_confirm(
                                                                                   safe="")
     wait_for(lambda: _worker(db, "form-w") == (worker_id, "drained"), message="drained")
     assert db.execute("SELECT action FROM atlantis.worker_orders").fetchone() == ("evict",)
-    assert _audit(db) == [("worker-evict", worker_id, "ops-team", "done", {})]
+    assert audit(db) == [("worker-evict", worker_id, "ops-team", "done", {})]

@@ -8,10 +8,8 @@ and ``tide queue signal``: tests/test_queue_signal.py.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import warnings
@@ -24,7 +22,16 @@ import pytest
 
 import atlantis
 from atlantis import operations, scaling
-from tests.conftest import BIN, ROOT, free_port, run_tide, scrape_metrics, wait_for
+from atlantis.store import orders
+from tests.conftest import (
+    BIN,
+    ROOT,
+    free_port,
+    run_tide,
+    scrape_metrics,
+    stop_process,
+    wait_for,
+)
 from tests.docs import bad_input_text
 
 RULES = ROOT / "deploy" / "prometheus" / "atlantis-alerts.yml"
@@ -76,15 +83,9 @@ class MetricsServer:
         return samples(text)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        code = stop_process(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture
@@ -109,6 +110,8 @@ def test_tide_metrics_serve_with_no_supervisor(db: psycopg.Connection[Any], admi
     assert got[("atlantis_queue_paused", queue)] == 0
     assert got[("atlantis_queue_oldest_claimable_seconds", queue)] >= 0
     assert got[("atlantis_workers_silent", "")] == 0
+    assert got[("atlantis_workers_held", 'order="drain"')] == 0
+    assert got[("atlantis_workers_held", 'order="evict"')] == 0
     # Declared queues with nothing to do have their series: a scaler sees them at zero.
     assert got[("atlantis_queue_claimable", 'queue="tests"')] == 0
     assert db.execute("SELECT count(*) FROM atlantis.workers").fetchone() == (0,)
@@ -117,6 +120,12 @@ def test_tide_metrics_serve_with_no_supervisor(db: psycopg.Connection[Any], admi
     again = metrics_server.scrape()
     assert again[("atlantis_queue_paused", queue)] == 1
     assert again[("atlantis_queue_claimable", queue)] == 0
+    # An operator's drain is counted until resumed, whether a supervisor of the name runs.
+    db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, expires_at,"
+               " name) VALUES ('h:1:ab', 'h', 1, '{emails}', 1, now() - interval '1 hour',"
+               " 'h:emails')")
+    orders.order(db, "h:1:ab", "drain")
+    assert metrics_server.scrape()[("atlantis_workers_held", 'order="drain"')] == 1
     # The database gone: the scrape says so, and only that; one line on stderr.
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE {db.info.dbname} WITH (FORCE)")

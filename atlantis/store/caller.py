@@ -25,6 +25,18 @@ from psycopg.pq import TransactionStatus
 Translate = Callable[[psycopg.Error], BaseException]
 
 
+def raising(sqlstate: str, error: Callable[[str], BaseException]) -> Translate:
+    """A :data:`Translate` that makes the errors of ``sqlstate`` an ``error`` of their
+    primary message, and leaves every other as it is."""
+
+    def translate(exc: psycopg.Error) -> BaseException:
+        if exc.sqlstate == sqlstate:
+            return error(exc.diag.message_primary or str(exc))
+        return exc
+
+    return translate
+
+
 def fetch_one(conn: psycopg.Connection[Any], query: LiteralString, params: dict[str, Any], *,
               translate: Translate) -> tuple[Any, ...] | None:
     """The first row of ``query`` run with ``params`` on ``conn``, as described above."""

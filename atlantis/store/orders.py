@@ -53,10 +53,7 @@ class StandingOrder:
     drained_at: datetime | None
 
 
-def _errors(exc: psycopg.Error) -> BaseException:
-    if exc.sqlstate == REFUSED:
-        return WorkerOrderError(exc.diag.message_primary or str(exc))
-    return exc
+_errors = caller.raising(REFUSED, WorkerOrderError)
 
 
 def order(conn: Conn, worker: str, action: str, *, exit_when_drained: bool = False,

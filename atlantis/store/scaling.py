@@ -37,8 +37,17 @@ class QueueSignal:
 
 
 @dataclass(frozen=True, slots=True)
-class _Silent:
+class Fleet:
+    """The supervisors as a scrape sees them: how many are silent, and how many supervisor
+    names an operator's order holds (``drained``: ``tide worker drain``; ``evicted``:
+    ``tide worker evict``), until resumed."""
+
     silent: int
+    drained: int
+    evicted: int
+
+
+NO_FLEET = Fleet(silent=0, drained=0, evicted=0)
 
 
 def queue_signal(conn: psycopg.Connection[Any], queue: str | None = None) -> list[QueueSignal]:
@@ -48,8 +57,7 @@ def queue_signal(conn: psycopg.Connection[Any], queue: str | None = None) -> lis
     return all_rows(conn, QueueSignal, Q.queue_signal, {"queue": queue})
 
 
-def workers_silent(conn: psycopg.Connection[Any]) -> int:
+def fleet(conn: psycopg.Connection[Any]) -> Fleet:
     """How many supervisors are silent (not seen for two of their liveness intervals) among
-    those ``tide worker list`` shows."""
-    row = one_row(conn, _Silent, Q.workers_silent)
-    return row.silent if row else 0
+    those ``tide worker list`` shows, and how many names an order holds drained or evicted."""
+    return one_row(conn, Fleet, Q.workers_silent) or NO_FLEET

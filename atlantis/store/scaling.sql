@@ -12,10 +12,15 @@ SELECT queue, claimable, oldest_claimable_seconds, running, delayed, limit_held,
 -- Supervisors that are silent: not seen for two of their own liveness intervals (a row of a
 -- release one behind: once it expired), among those `tide worker list` shows (live, or
 -- expired while they still hold running rows). liveness.sql spells the rule the same way.
-SELECT count(*) AS silent
-  FROM atlantis.workers w
- WHERE (w.expires_at > now()
-        OR EXISTS (SELECT 1 FROM atlantis.jobs j
-                    WHERE j.state = 'running' AND j.claimed_by = w.id))
-   AND CASE WHEN w.liveness_interval IS NULL THEN w.expires_at < now()
-            ELSE now() - w.seen_at > make_interval(secs => 2 * w.liveness_interval) END
+-- And the operators' orders in force, by action (orders.sql): supervisor names drained or
+-- evicted until `tide worker resume`, whether a supervisor of the name runs now or not.
+SELECT (SELECT count(*)
+          FROM atlantis.workers w
+         WHERE (w.expires_at > now()
+                OR EXISTS (SELECT 1 FROM atlantis.jobs j
+                            WHERE j.state = 'running' AND j.claimed_by = w.id))
+           AND CASE WHEN w.liveness_interval IS NULL THEN w.expires_at < now()
+                    ELSE now() - w.seen_at > make_interval(secs => 2 * w.liveness_interval)
+               END) AS silent,
+       (SELECT count(*) FROM atlantis.worker_orders o WHERE o.action = 'drain') AS drained,
+       (SELECT count(*) FROM atlantis.worker_orders o WHERE o.action = 'evict') AS evicted

@@ -120,10 +120,7 @@ def list_schedules(conn: Conn) -> tuple[list[Schedule], datetime]:
     return found, now
 
 
-def _errors(exc: psycopg.Error) -> BaseException:
-    if exc.sqlstate == NO_SUCH_SCHEDULE:
-        return ScheduleNotFoundError(exc.diag.message_primary or str(exc))
-    return exc
+_errors = caller.raising(NO_SUCH_SCHEDULE, ScheduleNotFoundError)
 
 
 def set_enabled(conn: Conn, job: str, enabled: bool, *, by: str | None = None) -> bool:
