@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from atlantis.declarations.crosscheck import check_workflows
+from atlantis.declarations.decl_cache import read_atl_file
 from atlantis.declarations.model import JobDecl, WorkflowDecl
-from atlantis.declarations.parser import read_atl_file
-from atlantis.declarations.workflows import check_workflows
 from atlantis.errors import ConfigurationError, DeclarationError
 
 Handler = Callable[..., Any]

@@ -201,3 +201,11 @@ class WorkflowDecl:
             "steps": [s.to_json() for s in self.steps],
             "source": self.source,
         }
+
+
+@dataclass(frozen=True)
+class Declarations:
+    """What one `.atl` file declares, each kind in file order."""
+
+    jobs: list[JobDecl]
+    workflows: list[WorkflowDecl]

@@ -15,7 +15,6 @@ import functools
 import importlib.resources
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import lark
@@ -23,7 +22,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from atlantis.declarations import parser_cache
 from atlantis.declarations.checks import TYPES, check_file
-from atlantis.declarations.model import JobDecl, WorkflowDecl
+from atlantis.declarations.model import Declarations, JobDecl
 from atlantis.declarations.raw import (
     RawField,
     RawJob,
@@ -45,7 +44,7 @@ from atlantis.errors import DeclarationError
 
 __all__ = [
     "MODIFIERS", "TYPES", "WORKFLOW_MODIFIERS", "Declarations", "parse_atl", "parse_atl_file",
-    "read_atl", "read_atl_file",
+    "read_atl", "read_atl_bytes", "read_atl_file",
 ]  # fmt: skip
 
 #: The statements a job block may hold, in the order error messages list them.
@@ -87,14 +86,6 @@ def _parser() -> lark.Lark:
                               propagate_positions=True)
 
 
-@dataclass(frozen=True)
-class Declarations:
-    """What one `.atl` file declares, each kind in file order."""
-
-    jobs: list[JobDecl]
-    workflows: list[WorkflowDecl]
-
-
 def read_atl(text: str, filename: str = "<string>") -> Declarations:
     """The jobs and workflows declared in `text`; `filename` is only used in messages.
 
@@ -124,8 +115,14 @@ def parse_atl_file(path: str | Path) -> list[JobDecl]:
 
 def read_atl_file(path: str | Path) -> Declarations:
     """The jobs and workflows declared in the UTF-8 file at `path` (OSError when it cannot
-    be read)."""
-    raw = Path(path).read_bytes()
+    be read), parsed here: :func:`atlantis.declarations.read_atl_file` loads what an earlier
+    process read of the same file instead (:mod:`decl_cache`)."""
+    return read_atl_bytes(Path(path).read_bytes(), str(path))
+
+
+def read_atl_bytes(raw: bytes, filename: str) -> Declarations:
+    """The jobs and workflows declared in ``raw``, a `.atl` file's bytes (UTF-8, with or
+    without a byte order mark); ``filename`` is only used in messages."""
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8) :]
     try:
@@ -135,9 +132,9 @@ def read_atl_file(path: str | Path) -> Declarations:
         line = before.count(b"\n") + 1
         column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8", "replace")) + 1
         raise DeclarationError(
-            f"{path}:{line}:{column}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"
+            f"{filename}:{line}:{column}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"
         ) from None
-    return read_atl(text, str(path))
+    return read_atl(text, filename)
 
 
 # --------------------------------------------------------------------------- syntax errors

@@ -20,11 +20,12 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import lark
+from typing import TYPE_CHECKING, Any
 
 from atlantis import environ
+
+if TYPE_CHECKING:
+    import lark
 
 #: Off with ``0`` (the parser is then built by every process).
 ENV_SWITCH = environ.PARSER_CACHE
@@ -48,41 +49,67 @@ def _private(path: Path, *, directory: bool) -> bool:
     return kind and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def build(grammar: str, **options: Any) -> lark.Lark:
-    """The LALR parser of ``grammar``: loaded from the cache when it holds this very one,
-    else built (and saved for the next process)."""
-    where = folder() if os.environ.get(ENV_SWITCH, "1") != "0" else None
+def enabled() -> bool:
+    """Whether processes may keep what they build here (``ATLANTIS_PARSER_CACHE`` not 0)."""
+    return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+def read_private(name: str) -> bytes | None:
+    """The bytes of cache file ``name``, or None: no cache, no such file, or one in a
+    folder or a file that another user owns or may write (never read: it may be a pickle)."""
+    where = folder() if enabled() else None
     if where is None:
-        return lark.Lark(grammar, **options)
-    key = hashlib.sha256("\0".join([
-        grammar, repr(sorted(options.items())), lark.__version__, sys.version,
-    ]).encode()).hexdigest()[:32]
-    path = where / f"atl-parser-{key}.lark"
-    if _private(where, directory=True) and _private(path, directory=False):
-        try:
-            with path.open("rb") as f:
-                return lark.Lark.load(f)
-        except Exception:  # a damaged cache is no cache: build it below
-            pass
-    parser = lark.Lark(grammar, **options)
-    _save(parser, where, path)
-    return parser
+        return None
+    path = where / name
+    if not (_private(where, directory=True) and _private(path, directory=False)):
+        return None
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
-def _save(parser: lark.Lark, where: Path, path: Path) -> None:
+def write_private(name: str, data: bytes) -> Path | None:
+    """Save ``data`` as cache file ``name`` (written aside, then renamed: a reader never sees
+    half of it); its folder, or None when it could not be written (no cache, then)."""
+    where = folder() if enabled() else None
+    if where is None:
+        return None
     try:
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not _private(where, directory=True):
-            return
-        data = io.BytesIO()
-        parser.save(data)
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=".atl-parser-")
+            return None
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{name}.")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data.getvalue())
-            os.replace(tmp, path)
+                f.write(data)
+            os.replace(tmp, where / name)
         except BaseException:
             os.unlink(tmp)
             raise
     except Exception:  # a cache that cannot be written costs a build, no more
-        return
+        return None
+    return where
+
+
+def build(grammar: str, **options: Any) -> lark.Lark:
+    """The LALR parser of ``grammar``: loaded from the cache when it holds this very one,
+    else built (and saved for the next process)."""
+    import lark
+
+    key = hashlib.sha256("\0".join([
+        grammar, repr(sorted(options.items())), lark.__version__, sys.version,
+    ]).encode()).hexdigest()[:32]
+    name = f"atl-parser-{key}.lark"
+    data = read_private(name)
+    if data is not None:
+        try:
+            return lark.Lark.load(io.BytesIO(data))
+        except Exception:  # a damaged cache is no cache: build it below
+            pass
+    parser = lark.Lark(grammar, **options)
+    if enabled():
+        saved = io.BytesIO()
+        parser.save(saved)
+        write_private(name, saved.getvalue())
+    return parser

@@ -4,21 +4,18 @@ Two sets of checks. Those one file settles (a repeated step or modifier, an ``af
 names no step, a cycle, a bad timeout, a workflow named like a job of the same file) run
 as the file is read (:func:`check_workflows_of_file`). Those that need every file (does a
 step's job exist, does it take the workflow's args) run once the Registry has them all
-(:func:`check_workflows`). Each refusal reads ``file:line:column: what is wrong`` and
+(:func:`check_workflows`, in :mod:`crosscheck`, which needs no parser). Each refusal reads ``file:line:column: what is wrong`` and
 names the token at fault; the second set finds the position in the declaration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, NoReturn
-
 import lark
 
 from atlantis.declarations.checks import Checker
+from atlantis.declarations.crosscheck import check_workflows, clash
 from atlantis.declarations.model import Field, JobDecl, StepDecl, WorkflowDecl
 from atlantis.declarations.raw import RawStep, RawWorkflow, Source, at
-from atlantis.errors import DeclarationError
 
 __all__ = ["WORKFLOW_MODIFIERS", "check_workflows", "check_workflows_of_file"]
 
@@ -42,34 +39,10 @@ def check_workflows_of_file(
                         f"(first at {first.source})")
         job = job_names.get(decl.qualified_name)
         if job is not None:
-            source.fail(raw.name, _clash(decl, job))
+            source.fail(raw.name, clash(decl, job))
         seen[decl.qualified_name] = decl
         decls.append(decl)
     return decls
-
-
-def check_workflows(jobs: Mapping[str, JobDecl], workflows: Iterable[WorkflowDecl]) -> None:
-    """Refuse a workflow whose steps name a job not in `jobs` (by qualified name), or one
-    that does not take the workflow's args, or a workflow named like a job."""
-    for workflow in workflows:
-        job = jobs.get(workflow.qualified_name)
-        if job is not None:
-            _refuse(workflow.name_at or workflow.source, _clash(workflow, job))
-        fields = {f.name: f for f in workflow.fields}
-        for step in workflow.steps:
-            runs = [(step.job, step.job_at, "runs")]
-            if step.compensate is not None:
-                runs.append((step.compensate, step.compensate_at, "is compensated by"))
-            for name, where, verb in runs:
-                decl = jobs.get(name)
-                where = where or step.source or workflow.source
-                if decl is None:
-                    _refuse(where, f"step '{step.name}' of workflow {workflow.qualified_name} "
-                            f"{verb} job {name}, which is not declared{_known(jobs, name)}")
-                problem = _args_problem(fields, decl)
-                if problem is not None:
-                    _refuse(where, f"step '{step.name}' of workflow {workflow.qualified_name} "
-                            f"{verb} job {name}, {problem}")
 
 
 # --------------------------------------------------------------------------- one workflow
@@ -189,42 +162,3 @@ def _refuse_cycle(
 
 def _qualified(job: lark.Token, namespace: str) -> str:
     return str(job) if "." in job else f"{namespace}.{job}"
-
-
-# --------------------------------------------------------------------------- across files
-
-
-def _args_problem(fields: Mapping[str, Field], job: JobDecl) -> str | None:
-    """Why `job` cannot take its args by name from a workflow with `fields`, or None."""
-    for f in job.fields:
-        needed = f.not_null and not f.has_default
-        mine = fields.get(f.name)
-        if mine is None:
-            if needed:
-                return (f"which needs arg '{f.name}' ({f.type_name} not null); the workflow "
-                        f"has no arg '{f.name}'")
-            continue
-        if mine.type_name != f.type_name:
-            return (f"which takes arg '{f.name}' as {f.type_name}; the workflow declares it "
-                    f"{mine.type_name}")
-        if needed and not mine.not_null:
-            return (f"which needs arg '{f.name}' not null; the workflow's '{f.name}' may be "
-                    "null (declare it not null)")
-    return None
-
-
-def _clash(workflow: WorkflowDecl, job: JobDecl) -> str:
-    return (f"workflow {workflow.qualified_name} has the name of a job (declared at "
-            f"{job.source}); a workflow and a job cannot share a name")
-
-
-def _known(jobs: Mapping[str, Any], name: str) -> str:
-    namespace = name.rpartition(".")[0]
-    same = sorted(j for j in jobs if j.rpartition(".")[0] == namespace)
-    if len(same) > 8:
-        same = [*same[:8], "..."]
-    return f" (declared in {namespace}: {', '.join(same)})" if same else ""
-
-
-def _refuse(where: str, what: str) -> NoReturn:
-    raise DeclarationError(f"{where}: {what}")
