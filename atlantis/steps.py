@@ -25,7 +25,8 @@ from atlantis.protocol import results
 if TYPE_CHECKING:
     import psycopg
 
-    from atlantis.store.steps import Fence, Opened
+    from atlantis.protocol.fence import Fence
+    from atlantis.store.steps import Opened
 
 _MISSING: Any = object()
 _METHODS = {"step": "run_step", "transaction": "transaction", "sleep": "sleep",

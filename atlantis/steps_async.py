@@ -16,7 +16,7 @@ from atlantis.steps import _MISSING, _Rules, encode, event_name
 if TYPE_CHECKING:
     import psycopg
 
-    from atlantis.store.steps import Fence
+    from atlantis.protocol.fence import Fence
 
 
 class AsyncStepBook(_Rules):

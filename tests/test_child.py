@@ -711,3 +711,22 @@ def test_text_helpers_accept_anything() -> None:
     assert checkpoint_msg("\ud800" * 2000) == ("\\ud800" * 2000)[:MAX_CHECKPOINT_CHARS]
     error = child_error("discarded", 123)
     assert (error.kind, error.message, error.traceback) == ("discarded", "123", None)
+
+
+def test_a_child_whose_app_never_touches_the_database_never_loads_psycopg(
+        tmp_path: Path) -> None:
+    # A child names its run's fence without the store (atlantis.protocol.fence): an app that
+    # imports no database driver costs no driver in each of its children (some 20 MB).
+    peer = Child(tmp_path, app="benchmarks.app:registry")
+    try:
+        _, done = peer.attempt(job="bench.Noop", args='{"n": 1}')
+        assert done.outcome == "complete" and done.error is None, done
+        maps = Path(f"/proc/{peer.proc.pid}/maps").read_text()
+        assert "psycopg" not in maps and "libpq" not in maps
+    finally:
+        peer.close()
+    # A zygote loads it once for all its workers, each of which lives for one attempt.
+    code = "import sys; from atlantis.child import zygote; zygote.preload(); print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg'}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "['psycopg']"

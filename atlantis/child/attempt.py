@@ -62,11 +62,11 @@ from atlantis.context import AsyncJobContext, AttemptFlags, JobContext, step_fie
 from atlantis.declarations.values import ArgsError, decode_args
 from atlantis.errors import Discard, LeaseLost, Snooze, StepError, Suspended
 from atlantis.protocol import results
+from atlantis.protocol.fence import Fence
 from atlantis.protocol.messages import MAX_LEFTOVERS, Checkpoint, Done, ErrorKind, Run, clip
 from atlantis.registry import Registration, Registry
 from atlantis.steps import StepBook
 from atlantis.steps_async import AsyncStepBook
-from atlantis.store.steps import Fence
 
 
 class Baseline:

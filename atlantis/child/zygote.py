@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             _send(sock, ZygoteFatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
             return EXIT_APP_ERROR
         prepare_tracing()  # the SDK imported once here, not in every worker
+        preload()
         # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -217,6 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(sock, registry)
     except SupervisorGoneError:
         return 0  # the supervisor is gone; our workers die with us (parent-death signal)
+
+
+def preload() -> None:
+    """Import what a worker's handler steps and enqueues need (psycopg and the step store),
+    once, here: a reused child imports them on first use, once in its life, but a forked
+    worker lives for one attempt, and would pay that import (some 60 ms) in every attempt
+    whose handler writes a step while the app itself never imported psycopg."""
+    import atlantis.store.steps  # noqa: F401
 
 
 def rehearse(registry: Registry) -> None:

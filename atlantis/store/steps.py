@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from atlantis.protocol.fence import Fence as Fence  # the store names the fence it checks
 from atlantis.store.queries import Q
 from atlantis.store.typed_rows import all_rows, one_row
 
@@ -104,15 +105,6 @@ def _opened(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     if head is not None and head[2] == str(conn.info.backend_pid):
         conn.prepare_threshold = PREPARE_THRESHOLD
     return Opened(held, [(r[0], r[1], r[2]) for r in found if r[0] is not None])
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """Which run writes: the job and the run id of its claim, and the attempt (shown)."""
-
-    job_id: int
-    run_id: str
-    attempt: int
 
 
 def _params(fence: Fence, **more: Any) -> dict[str, Any]:

@@ -73,9 +73,9 @@ def _claim(conn: psycopg.Connection[Any], queue: str, job: str) -> Any:
 
 def _context(reg: Registration, row: Any, url: str, flags: AttemptFlags,
              workflow: dict[str, Any]) -> JobContext:
+    from atlantis.protocol.fence import Fence
     from atlantis.steps import StepBook
     from atlantis.steps_async import AsyncStepBook
-    from atlantis.store.steps import Fence
 
     job_id, job, _, _, _, attempt, max_attempts = row[:7]
     is_async = inspect.iscoroutinefunction(reg.handler)
