@@ -73,7 +73,7 @@ def claim_limited(db: psycopg.Connection[Any], n: int, *, jobs: list[str] | None
                   ) -> tuple[list[int], float | None]:
     found = db.cursor(row_factory=psycopg.rows.dict_row).execute(
         Q.claim_limited, {"queues": list(queues), "jobs": jobs or ["t.Lim"], "worker": worker,
-                          "limit": n, "after": None}).fetchall()
+                          "limit": n, "after": None, "within": 5.0}).fetchall()
     assert found[-1]["id"] is None  # the hint row
     return [r["id"] for r in found[:-1]], found[-1]["wake_in"]
 
@@ -200,7 +200,7 @@ def test_groups_rotate_across_claims(db: psycopg.Connection[Any]) -> None:
     for _ in range(30):
         found = db.cursor(row_factory=psycopg.rows.dict_row).execute(
             Q.claim_limited, {"queues": ["lim"], "jobs": ["t.Lim"], "worker": "w1", "limit": 1,
-                              "after": after}).fetchall()
+                              "after": after, "within": 5.0}).fetchall()
         order += [account(db, r["id"]) for r in found[:-1]]
         after = found[-1]["cursor"]  # read by name, as the claimer does
     assert sorted(order) == [f"a{k:02}" for k in range(30)]
@@ -212,6 +212,25 @@ def test_a_row_scheduled_later_does_not_hold_its_key(db: psycopg.Connection[Any]
     due = enqueue(db, "t.Lim", ["a1"])
     assert claim_limited(db, 2)[0] == due
     assert held(db, later[0]) is None  # not due: nothing holds it yet
+
+
+def test_a_limited_claim_past_its_deadline_rolls_back_whole(db: psycopg.Connection[Any]) -> None:
+    """The claimer sends the limited claim without BEGIN ... COMMIT: the database refuses to
+    commit one that ran past its deadline (atlantis.claim_in_time), so a late claim never
+    starts and spends nothing: no row running, no attempt, no rate window's start."""
+    declare(db, "t.Lim", BY_ACCOUNT + [{"kind": "rate", "n": 10, "period": 60.0, "by": []}])
+    ids = enqueue(db, "t.Lim", ["a1", "a2", "a3"])
+    params = {"queues": ["lim"], "jobs": ["t.Lim"], "worker": "w1", "limit": 3, "after": None}
+    before = db.execute("SELECT count(*) FROM atlantis.limit_starts").fetchone()
+    with pytest.raises(psycopg.errors.QueryCanceled, match="past its deadline"):
+        db.execute(Q.claim_limited, {**params, "within": -1.0}).fetchall()
+    rows = db.execute("SELECT state, attempt, claimed_by FROM atlantis.jobs WHERE id = ANY(%s)",
+                      (ids,)).fetchall()
+    assert rows == [("available", 0, None)] * 3
+    assert db.execute("SELECT count(*) FROM atlantis.limit_starts").fetchone() == before
+    # In time, the same statement claims them, each key once.
+    found = db.execute(Q.claim_limited, {**params, "within": 5.0}).fetchall()
+    assert sorted(r[0] for r in found[:-1]) == sorted(ids)
 
 
 def test_claims_racing_for_one_key_never_both_win(db_url: str) -> None:

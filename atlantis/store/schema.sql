@@ -1,4 +1,4 @@
--- The atlantis schema as the migrations (0001 to 0034) and live/*.sql
+-- The atlantis schema as the migrations (0001 to 0035) and live/*.sql
 -- leave it; a function's body is in live/*.sql. GENERATED, do not edit:
 -- `python -m atlantis.store.schema --write` writes it, and tests/test_schema.py
 -- fails when it and the migrations drift. pg_dump --schema-only --no-owner
@@ -174,6 +174,14 @@ CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n intege
 CREATE FUNCTION atlantis.claim_groups(q text, p integer, tried text[], worker text, jobs text[], skip_jobs text[]) RETURNS TABLE(id bigint, g text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    AS $$ ... $$;  -- the body: atlantis/store/live
+
+--
+-- Name: claim_in_time(timestamp with time zone); Type: FUNCTION; Schema: atlantis; Owner: -
+--
+
+CREATE FUNCTION atlantis.claim_in_time(deadline timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --

@@ -230,12 +230,16 @@ class LimitedClaim:
 
 async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: list[str],
                         limit: int, timeout: float, after: str | None = None) -> LimitedClaim:
-    """Claim up to ``limit`` rows of limited jobs (``atlantis.claim_limited``), in a
-    transaction as :func:`claim`; only for children idle now. ``after``: the ``cursor`` of
-    the previous call (the groups take turns across calls)."""
+    """Claim up to ``limit`` rows of limited jobs (``atlantis.claim_limited``); only for
+    children idle now. ``after``: the ``cursor`` of the previous call (the groups take turns
+    across calls). One statement, without BEGIN ... COMMIT (every idle child waits for it):
+    the database rolls back a claim that ran past half of ``timeout`` from its start
+    (``atlantis.claim_in_time``), so one whose answer this side stops waiting for at
+    ``timeout`` had committed by then, and is given back by the release of orphans."""
     got = await db.fetch_rows(LimitedRow, Q.claim_limited, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker, "after": after,
-    }, timeout=timeout, transaction=True)
+        "within": timeout / 2,
+    }, timeout=timeout)
     rows: list[ClaimedRow] = [row for row in got if row.id is not None]
     hint = next((row for row in got if row.id is None), None)
     wake_in = hint.wake_in if hint is not None else None

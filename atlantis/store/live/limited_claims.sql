@@ -371,3 +371,22 @@ BEGIN
     RETURN gone;
 END
 $$;
+
+-- Whether a claim is still in time, called by the claim_limited query once the claim is made
+-- and before the statement's implicit COMMIT: past `deadline` it raises query_canceled, and
+-- the whole claim rolls back. The claimer sends that claim without BEGIN ... COMMIT, so it
+-- cannot withhold the COMMIT of an answer that comes too late; the database refuses to
+-- commit a claim that ran past half the claimer's wait instead ("a late claim never starts"):
+-- an answer still lost on its way after a COMMIT is given back unspent by the claimer's
+-- release of orphans, as a lost COMMIT's always was.
+CREATE OR REPLACE FUNCTION atlantis.claim_in_time(deadline timestamptz) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF clock_timestamp() > claim_in_time.deadline THEN
+        RAISE EXCEPTION 'the claim ran past its deadline (%)', claim_in_time.deadline
+              USING ERRCODE = 'query_canceled';
+    END IF;
+    RETURN true;
+END;
+$$;
