@@ -9,6 +9,9 @@ builds it anew. The file is a pickle, so it is read only from a folder and a fil
 user owns and no one else may write; otherwise, or if anything fails (no home, a read-only
 one, a file cut short), the parser is built as if there were no cache. It is written to a
 temporary name and renamed, so that a process never reads another's half-written file.
+
+:func:`read_private` and :func:`write_private` keep any file by those rules: what each `.atl`
+file declares is kept beside the parser the same way (:mod:`decl_cache`).
 """
 
 from __future__ import annotations
