@@ -255,7 +255,8 @@ def test_a_read_only_database_is_an_outage_not_a_crash(db_url: str, admin_url: s
 
 def test_a_refused_batch_is_written_row_by_row(db: psycopg.Connection[Any], db_url: str) -> None:
     ids = _neighbours(db, 3)
-    db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 3, "worker": "w"})
+    db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 3, "worker": "w",
+                         "within": 5.0})
     good = [Result(i, 1, "complete", True, 0.0, None, None) for i in ids[:2]]
     # Bypasses every cleaning on purpose: only the database refuses this one.
     bad = Result(ids[2], 1, "dead", True, 0.0, {"attempt": 1, "kind": "exception",
@@ -285,7 +286,7 @@ def test_a_refused_batch_is_written_row_by_row(db: psycopg.Connection[Any], db_u
 def _fail_5000_times(db: psycopg.Connection[Any], job_id: int) -> None:
     for attempt in range(1, 5001):
         db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Fails"], "limit": 1,
-                             "worker": "w"})
+                             "worker": "w", "within": 5.0})
         state = "dead" if attempt == 5000 else "available"
         err = {"attempt": attempt, "kind": "exception", "message": f"failure {attempt}",
                "traceback": "x" * 2000}
@@ -399,7 +400,7 @@ def test_a_backlog_of_results_goes_out_in_batches_of_bounded_size(
     ids = atlantis.enqueue_many(db, "contain.Act", [{"key": f"b{i}", "mode": "ok"}
                                                     for i in range(1200)])
     db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 1200,
-                         "worker": "w"})
+                         "worker": "w", "within": 5.0})
     sizes: list[int] = []
 
     async def go() -> None:

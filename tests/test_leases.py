@@ -26,7 +26,7 @@ from tests.conftest import events, job_row, run_tide, wait_for, wait_state
 
 def _claim(conn: psycopg.Connection[Any], worker: str, limit: int = 10) -> list[tuple[Any, ...]]:
     return conn.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo", "tests.Fail"],
-                                  "limit": limit, "worker": worker}).fetchall()
+                                  "limit": limit, "worker": worker, "within": 5.0}).fetchall()
 
 
 def _finish(conn: psycopg.Connection[Any], worker: str, job_id: int, attempt: int,
@@ -82,6 +82,21 @@ def test_claim_sets_lease_from_the_database_clock(db: psycopg.Connection[Any]) -
     assert claimed_id == job_id
     assert row["state"] == "running" and row["attempt"] == 1 and row["claimed_by"] == "w1"
     assert row["claimed_until"] - row["started_at"] == timedelta(seconds=3)
+
+
+@pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
+def test_a_claim_past_its_deadline_rolls_back_whole(db: psycopg.Connection[Any]) -> None:
+    """The claimer sends its claim without BEGIN ... COMMIT: the database refuses to commit
+    one that ran past its deadline (atlantis.claim_in_time), so a late claim never starts."""
+    ids = [atlantis.enqueue(db, "tests.Echo", {"key": f"late-{n}"}) for n in range(3)]
+    late = {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 10,
+            "worker": "w1", "within": -1.0}
+    with pytest.raises(psycopg.errors.QueryCanceled, match="past its deadline"):
+        db.execute(Q.claim, late).fetchall()
+    for job_id in ids:
+        row = job_row(db, job_id)
+        assert (row["state"], row["attempt"], row["claimed_by"]) == ("available", 0, None)
+    assert sorted(r[0] for r in _claim(db, "w1")) == ids  # in time, the same claim takes them
 
 
 @pytest.mark.server_matrix  # database-facing: also run on PostgreSQL 16
@@ -499,10 +514,10 @@ def test_claim_orders_by_priority_across_queues(db: psycopg.Connection[Any]) -> 
     high = atlantis.enqueue(db, "tests.Echo", {"key": "high"}, priority=0)
     later = atlantis.enqueue(db, "tests.Echo", {"key": "later"}, priority=-9, delay=3600)
     rows = db.execute(Q.claim, {"limited": [], "queues": ["tests", "second"], "jobs": ["tests.Echo"],
-                                "limit": 2, "worker": "w1"}).fetchall()
+                                "limit": 2, "worker": "w1", "within": 5.0}).fetchall()
     assert [r[0] for r in rows] == [other, high]
     rows = db.execute(Q.claim, {"limited": [], "queues": ["tests", "second"], "jobs": ["tests.Echo"],
-                                "limit": 5, "worker": "w1"}).fetchall()
+                                "limit": 5, "worker": "w1", "within": 5.0}).fetchall()
     assert [r[0] for r in rows] == [low]  # the delayed one waits for its run_at
     assert job_row(db, later)["state"] == "available"
 

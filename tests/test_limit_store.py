@@ -173,7 +173,7 @@ def test_a_held_key_does_not_block_other_keys_or_jobs(db: psycopg.Connection[Any
     assert [account(db, i) for i in second] == [{"a1": "a2", "a2": "a1"}[full]]
     # The claim of unlimited rows never takes limited ones, and is not held up by them.
     fast = db.execute(Q.claim, {"queues": ["lim"], "jobs": ["t.Lim", "t.Free"], "limit": 10,
-                                "worker": "w1", "limited": ["t.Lim"]}).fetchall()
+                                "worker": "w1", "limited": ["t.Lim"], "within": 5.0}).fetchall()
     assert [r[0] for r in fast] == free
 
 
@@ -331,7 +331,7 @@ def test_queue_limit_set_shown_and_removed(db: psycopg.Connection[Any]) -> None:
                       ).fetchone() == (None,)
     # Rows waiting when it was set are marked: the claim of unlimited rows leaves them.
     fast = db.execute(Q.claim, {"queues": ["q1"], "jobs": ["t.Free"], "limit": 10,
-                                "worker": "w1", "limited": []}).fetchall()
+                                "worker": "w1", "limited": [], "within": 5.0}).fetchall()
     assert fast == []
     got, _ = claim_limited(db, 10, jobs=["t.Free"], queues=("q1",))
     assert got == ids[:2]
@@ -349,7 +349,7 @@ def test_queue_limit_set_shown_and_removed(db: psycopg.Connection[Any]) -> None:
     assert db.execute(Q.set_queue_limit, {"queue": "q1", "concurrency": None, "by": "ops"}
                       ).fetchone() == (1,)
     fast = db.execute(Q.claim, {"queues": ["q1"], "jobs": ["t.Free"], "limit": 10,
-                                "worker": "w1", "limited": []}).fetchall()
+                                "worker": "w1", "limited": [], "within": 5.0}).fetchall()
     assert sorted(r[0] for r in fast) == ids[3:]
     with pytest.raises(psycopg.Error, match="must be 1 or more"):
         db.execute(Q.set_queue_limit, {"queue": "q1", "concurrency": 0, "by": "ops"})
@@ -362,7 +362,7 @@ def test_a_row_enqueued_before_its_limit_is_marked_by_the_claim(
     # The limit is declared as the rows wait, and the sync's marking missed them (a race).
     declare(db, "t.Lim", BY_ACCOUNT)
     claim = {"queues": ["lim"], "jobs": ["t.Lim"], "limit": 10, "worker": "w1",
-             "limited": ["t.Lim"]}
+             "limited": ["t.Lim"], "within": 5.0}
     assert [r[0] for r in db.execute(Q.claim, claim).fetchall()] == [ids[0]]
     assert db.execute(Q.claim, claim).fetchall() == []
 

@@ -40,10 +40,15 @@ SELECT atlantis.limit_mark(%(job)s)
 -- The limit veto (trigger jobs_limit_claim, live/limits.sql) runs for a limited row it marks.
 -- Up to `limit` due rows no limit applies to, for `worker` (atlantis.claim, migration 0020:
 -- the statement, with its plan made once a session). `limited`: the jobs declaring limits.
+-- One statement, no BEGIN ... COMMIT: atlantis.claim_in_time, read for every row once the
+-- claim is made (its function returns them all at once), rolls it back whole when it ran past
+-- %(within)s seconds from the statement's start.
 SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
        heartbeat, backoff, deadline, workflow_id, workflow, trace_context, run_id
   FROM atlantis.claim(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text, %(limit)s::int,
                       %(limited)s::text[])
+ WHERE atlantis.claim_in_time(statement_timestamp()
+                              + make_interval(secs => %(within)s::float8))
 
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a

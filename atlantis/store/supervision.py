@@ -199,14 +199,14 @@ class Connection(Protocol):
 
 async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str], limit: int,
                 timeout: float, limited: Sequence[str] = ()) -> list[ClaimedRow]:
-    """Claim up to ``limit`` rows of ``jobs`` on ``queues`` that no limit applies to, in a
-    transaction: a claim abandoned on a link that delivers it late is rolled back (see
-    ``Db.fetch``). ``limited``: the jobs declaring limits (a row of theirs not yet marked is
-    marked, so that the limit trigger decides it)."""
+    """Claim up to ``limit`` rows of ``jobs`` on ``queues`` that no limit applies to.
+    ``limited``: the jobs declaring limits (a row of theirs not yet marked is marked, so that
+    the limit trigger decides it). One statement, as :func:`claim_limited`: the database
+    rolls back a claim that ran past half of ``timeout`` (``atlantis.claim_in_time``)."""
     return await db.fetch_rows(ClaimedRow, Q.claim, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
-        "limited": list(limited),
-    }, timeout=timeout, transaction=True)
+        "limited": list(limited), "within": timeout / 2,
+    }, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
--- A limited claim in one statement (issue 38): atlantis.claim_in_time(deadline), which the
--- claim_limited query calls after the claim and before its implicit COMMIT, raising
+-- Claims in one statement (issue 38): atlantis.claim_in_time(deadline), which the claim and
+-- claim_limited queries call after the claim and before its implicit COMMIT, raising
 -- query_canceled once `deadline` (PostgreSQL's clock) has passed, so that a claim that ran
 -- late rolls back whole: the claimer no longer wraps it in BEGIN ... COMMIT (two round trips
 -- fewer on the limited path, where every idle child waits for the claim). The body lives in
