@@ -9,8 +9,8 @@ rules: read only from a folder and a file this user owns and no one else may wri
 written aside and renamed, ``ATLANTIS_PARSER_CACHE=0`` turns it off). The name holds a
 digest of the file's bytes, its path as given, Python's version and a fingerprint of the
 code that reads it (the size and modification time of every file of
-``atlantis.declarations``, of the modules it uses and of lark): a changed file, a moved one
-or a new release of either is read afresh. A file that is refused is never kept: every
+``atlantis.declarations``, of the modules it uses, and of lark, croniter and tzdata when
+installed): a changed file, a moved one or a new release of either is read afresh. A file that is refused is never kept: every
 process refuses it again, with the same message.
 
 Nothing here imports lark: a process that finds every file it reads kept never loads it.
@@ -40,9 +40,10 @@ def fingerprint() -> bytes:
     here = Path(__file__).resolve().parent
     files = [Path(e.path) for e in os.scandir(here) if e.name.endswith((".py", ".lark"))]
     files += [here.parent / name for name in ("units.py", "limits.py", "errors.py")]
-    spec = importlib.util.find_spec("lark")  # finds the package without importing it
-    if spec is not None and spec.origin:
-        files.append(Path(spec.origin))
+    for package in ("lark", "croniter", "tzdata"):  # the parser, cron and time zone checks
+        spec = importlib.util.find_spec(package)  # finds the package without importing it
+        if spec is not None and spec.origin:
+            files.append(Path(spec.origin))
     parts = [sys.version, str(here)]
     for path in sorted(files):
         try:
