@@ -110,7 +110,7 @@ def prepare(url: str, jobs: int, extra_sql: str | None) -> None:
 async def explain(db: Conn, batch: int) -> None:
     conn = db.conn
     params = {"queues": ["bench"], "jobs": ["bench.Noop"], "limit": batch, "worker": WORKER,
-              "limited": []}
+              "limited": [], "within": 5.0}
     async with conn.transaction():
         cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, VERBOSE OFF) " + Q.claim, params)
         print("\n-- claim, B =", batch)

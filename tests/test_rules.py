@@ -36,7 +36,7 @@ def _claim(db: psycopg.Connection[Any], job_id: int) -> int:
     """Claim ``job_id`` (the only available row of the queue) as the supervisor does;
     returns the attempt."""
     rows = db.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo"],
-                                "limit": 1, "worker": WORKER}).fetchall()
+                                "limit": 1, "worker": WORKER, "within": 5.0}).fetchall()
     assert [r[0] for r in rows] == [job_id]
     return int(job_row(db, job_id)["attempt"])
 

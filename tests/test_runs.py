@@ -161,7 +161,8 @@ def test_a_late_write_of_an_earlier_run_never_lands_on_the_next(
 
     def claim() -> dict[str, Any]:
         (row,) = db.cursor(row_factory=psycopg.rows.dict_row).execute(Q.claim, {"limited": [],
-            "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker}).fetchall()
+            "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker,
+            "within": 5.0}).fetchall()
         return row
 
     first = claim()
@@ -266,7 +267,7 @@ def test_a_cancelled_row_given_back_unrun_names_who_cancelled(db: psycopg.Connec
     worker = "host-a:4242:0badc0de"
     job_id = atlantis.enqueue(db, "tests.Echo", {"key": "orphan"})
     assert len(db.execute(Q.claim, {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1,
-                                    "worker": worker}).fetchall()) == 1
+                                    "worker": worker, "within": 5.0}).fetchall()) == 1
     assert atlantis.cancel(db, job_id, by="carol") == "running"
     assert db.execute(Q.release_orphans, {"worker": worker, "known": []}).fetchall() == [(job_id,)]
     row = job_row(db, job_id)
@@ -284,7 +285,8 @@ def test_a_resumed_claim_is_told_apart_by_its_run_id(db: psycopg.Connection[Any]
 
     def claim() -> dict[str, Any]:
         (row,) = db.cursor(row_factory=psycopg.rows.dict_row).execute(Q.claim, {"limited": [],
-            "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker}).fetchall()
+            "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1, "worker": worker,
+            "within": 5.0}).fetchall()
         return row
 
     first = claim()

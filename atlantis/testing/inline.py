@@ -64,7 +64,7 @@ def _claim(conn: psycopg.Connection[Any], queue: str, job: str) -> Any:
     from atlantis.store.queries import Q
 
     row = conn.execute(Q.claim, {"queues": [queue], "jobs": [job], "worker": WORKER,
-                                 "limit": 1, "limited": []}).fetchone()
+                                 "limit": 1, "limited": [], "within": 5.0}).fetchone()
     if row is None:
         raise RuntimeError(f"run_inline: job {job} on queue {queue} is not due: a suspended "
                            "run resumes after atlantis.testing.wake(conn, job_id)")
