@@ -372,9 +372,10 @@ BEGIN
 END
 $$;
 
--- Whether a claim is still in time, called by the claim_limited query once the claim is made
--- and before the statement's implicit COMMIT: past `deadline` it raises query_canceled, and
--- the whole claim rolls back. The claimer sends that claim without BEGIN ... COMMIT, so it
+-- Whether a claim is still in time, called by the claim and claim_limited queries once the
+-- claim is made and before the statement's implicit COMMIT: past `deadline` it raises
+-- query_canceled, and the whole claim rolls back. The claimer sends claims without
+-- BEGIN ... COMMIT, so it
 -- cannot withhold the COMMIT of an answer that comes too late; the database refuses to
 -- commit a claim that ran past half the claimer's wait instead ("a late claim never starts"):
 -- an answer still lost on its way after a COMMIT is given back unspent by the claimer's
