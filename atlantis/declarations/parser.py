@@ -44,7 +44,7 @@ from atlantis.errors import DeclarationError
 
 __all__ = [
     "MODIFIERS", "TYPES", "WORKFLOW_MODIFIERS", "Declarations", "parse_atl", "parse_atl_file",
-    "read_atl", "read_atl_bytes", "read_atl_file",
+    "read_atl", "read_atl_bytes",
 ]  # fmt: skip
 
 #: The statements a job block may hold, in the order error messages list them.
@@ -109,15 +109,10 @@ def parse_atl(text: str, filename: str = "<string>") -> list[JobDecl]:
 
 
 def parse_atl_file(path: str | Path) -> list[JobDecl]:
-    """The jobs declared in the UTF-8 file at `path` (OSError when it cannot be read)."""
-    return read_atl_file(path).jobs
-
-
-def read_atl_file(path: str | Path) -> Declarations:
-    """The jobs and workflows declared in the UTF-8 file at `path` (OSError when it cannot
-    be read), parsed here: :func:`atlantis.declarations.read_atl_file` loads what an earlier
-    process read of the same file instead (:mod:`decl_cache`)."""
-    return read_atl_bytes(Path(path).read_bytes(), str(path))
+    """The jobs declared in the UTF-8 file at `path` (OSError when it cannot be read), parsed
+    here: :func:`atlantis.declarations.read_atl_file` loads what an earlier process read of
+    the same file instead (:mod:`decl_cache`)."""
+    return read_atl_bytes(Path(path).read_bytes(), str(path)).jobs
 
 
 def read_atl_bytes(raw: bytes, filename: str) -> Declarations:

@@ -40,32 +40,40 @@ SELECT atlantis.limit_mark(%(job)s)
 -- The limit veto (trigger jobs_limit_claim, live/limits.sql) runs for a limited row it marks.
 -- Up to `limit` due rows no limit applies to, for `worker` (atlantis.claim, migration 0020:
 -- the statement, with its plan made once a session). `limited`: the jobs declaring limits.
--- One statement, no BEGIN ... COMMIT: atlantis.claim_in_time, read for every row once the
--- claim is made (its function returns them all at once), rolls it back whole when it ran past
--- %(within)s seconds from the statement's start.
+-- One statement, no BEGIN ... COMMIT: atlantis.claim_in_time, read once the claim is made
+-- (its function returns every row at once), rolls it back whole when it ran past %(within)s
+-- seconds from the statement's start.
+WITH c AS MATERIALIZED (
+    SELECT * FROM atlantis.claim(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text,
+                                 %(limit)s::int, %(limited)s::text[])
+)
 SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
        heartbeat, backoff, deadline, workflow_id, workflow, trace_context, run_id
-  FROM atlantis.claim(%(queues)s::text[], %(jobs)s::text[], %(worker)s::text, %(limit)s::int,
-                      %(limited)s::text[])
- WHERE atlantis.claim_in_time(statement_timestamp()
-                              + make_interval(secs => %(within)s::float8))
+  FROM c
+ WHERE (SELECT atlantis.claim_in_time(statement_timestamp()
+                                      + make_interval(secs => %(within)s::float8))
+          FROM c LIMIT 1)
 
 -- name: claim_limited
 -- Rows of limited jobs, for idle children only (atlantis.claim_limited); the last row has a
 -- NULL id and says when to try again (wake_in, seconds) and where the next call starts
 -- (cursor, passed back as `after`); read by column name. The enqueuer's trace context is
 -- read here. The limit veto (trigger jobs_limit_claim) runs inside it, for each row it claims.
--- One statement, no BEGIN ... COMMIT: atlantis.claim_in_time, read for every row once the
--- claim is made (its function returns them all at once), rolls it back whole when it ran past
--- %(within)s seconds from the statement's start.
+-- One statement, no BEGIN ... COMMIT: atlantis.claim_in_time, read once the claim is made
+-- (its function returns every row at once), rolls it back whole when it ran past %(within)s
+-- seconds from the statement's start.
+WITH c AS MATERIALIZED (
+    SELECT * FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s,
+                                         %(limit)s, %(after)s)
+)
 SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
        c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
        (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
        c.wake_in, c.cursor, c.run_id
-  FROM atlantis.claim_limited(%(queues)s::text[], %(jobs)s::text[], %(worker)s, %(limit)s,
-                              %(after)s) AS c
- WHERE atlantis.claim_in_time(statement_timestamp()
-                              + make_interval(secs => %(within)s::float8))
+  FROM c
+ WHERE (SELECT atlantis.claim_in_time(statement_timestamp()
+                                      + make_interval(secs => %(within)s::float8))
+          FROM c LIMIT 1)
 
 -- name: claim_isolate
 -- A claim failed on a row's data: the rows it would try, tried one by one; those whose

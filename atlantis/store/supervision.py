@@ -197,6 +197,13 @@ class Connection(Protocol):
                          transaction: bool = False) -> list[T]: ...
 
 
+def in_time(timeout: float) -> float:
+    """How long a claim may run on the server (``atlantis.claim_in_time``'s ``within``) when
+    this side waits ``timeout`` for its answer: half of it, so that a claim the server
+    commits is answered before this side stops waiting, but on a link that holds the answer."""
+    return timeout / 2
+
+
 async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str], limit: int,
                 timeout: float, limited: Sequence[str] = ()) -> list[ClaimedRow]:
     """Claim up to ``limit`` rows of ``jobs`` on ``queues`` that no limit applies to.
@@ -205,7 +212,7 @@ async def claim(db: Connection, worker: str, queues: list[str], jobs: list[str],
     rolls back a claim that ran past half of ``timeout`` (``atlantis.claim_in_time``)."""
     return await db.fetch_rows(ClaimedRow, Q.claim, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker,
-        "limited": list(limited), "within": timeout / 2,
+        "limited": list(limited), "within": in_time(timeout),
     }, timeout=timeout)
 
 
@@ -238,7 +245,7 @@ async def claim_limited(db: Connection, worker: str, queues: list[str], jobs: li
     ``timeout`` had committed by then, and is given back by the release of orphans."""
     got = await db.fetch_rows(LimitedRow, Q.claim_limited, {
         "queues": queues, "jobs": jobs, "limit": limit, "worker": worker, "after": after,
-        "within": timeout / 2,
+        "within": in_time(timeout),
     }, timeout=timeout)
     rows: list[ClaimedRow] = [row for row in got if row.id is not None]
     hint = next((row for row in got if row.id is None), None)
