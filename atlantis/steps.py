@@ -258,46 +258,36 @@ class StepBook(_Rules):
         from atlantis.store import steps as store
 
         try:
-            recorded = store.record(conn, self.fence, name, kind, text)
+            store.record(conn, self.fence, name, kind, text)
         except psycopg.Error as exc:
             raise self.fail(exc, name) from exc
-        if not recorded:
-            raise self.lost(name)
         self.wrote(name, kind, text)
 
     def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
         import psycopg
 
+        from atlantis.store import steps as store
+
         key = self.begin(name)
         conn = self._open(key)
         value = self.recorded(key, "transaction")
         if value is not _MISSING:
             return value
-        committing = False
-        text = ""
-        try:
-            with conn.transaction():
-                self.inside = key
-                try:
-                    got = fn(conn, *args, **kwargs)
-                finally:
-                    self.inside = None
-                text = encode(key, got)
-                self.room(key, text)
-                from atlantis.store import steps as store
-
-                try:
-                    recorded = store.record(conn, self.fence, key, "transaction", text)
-                except psycopg.Error as exc:
-                    raise self.fail(exc, key) from exc
-                if not recorded:  # rolled back: the run no longer holds the job
-                    raise self.lost(key)
-                committing = True
-        except psycopg.OperationalError as exc:
-            if committing:
+        with store.StepTransaction(conn) as tx:
+            self.inside = key
+            try:
+                got = fn(conn, *args, **kwargs)
+            finally:
+                self.inside = None
+            text = encode(key, got)
+            self.room(key, text)
+            try:
+                tx.commit(self.fence, key, "transaction", text)
+            except psycopg.OperationalError as exc:
                 raise self.unknown_commit(key, exc) from exc
-            raise
+            except psycopg.Error as exc:  # the fence: nothing was committed
+                raise self.fail(exc, key) from exc
         self.wrote(key, "transaction", text)
         return orjson.loads(text)
 

@@ -62,11 +62,9 @@ class AsyncStepBook(_Rules):
         from atlantis.store import steps as store
 
         try:
-            recorded = await store.record_async(conn, self.fence, name, kind, text)
+            await store.record_async(conn, self.fence, name, kind, text)
         except psycopg.Error as exc:
             raise self.fail(exc, name) from exc
-        if not recorded:
-            raise self.lost(name)
         self.wrote(name, kind, text)
 
     async def transaction(self, name: object, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -80,31 +78,22 @@ class AsyncStepBook(_Rules):
         value = self.recorded(key, "transaction")
         if value is not _MISSING:
             return value
-        committing = False
-        text = ""
-        try:
-            async with conn.transaction():
-                self.inside = key
-                try:
-                    got = fn(conn, *args, **kwargs)
-                    if inspect.isawaitable(got):
-                        got = await got
-                finally:
-                    self.inside = None
-                text = encode(key, got)
-                self.room(key, text)
-                try:
-                    recorded = await store.record_async(conn, self.fence, key, "transaction",
-                                                        text)
-                except psycopg.Error as exc:
-                    raise self.fail(exc, key) from exc
-                if not recorded:  # rolled back: the run no longer holds the job
-                    raise self.lost(key)
-                committing = True
-        except psycopg.OperationalError as exc:
-            if committing:
+        async with store.AsyncStepTransaction(conn) as tx:
+            self.inside = key
+            try:
+                got = fn(conn, *args, **kwargs)
+                if inspect.isawaitable(got):
+                    got = await got
+            finally:
+                self.inside = None
+            text = encode(key, got)
+            self.room(key, text)
+            try:
+                await tx.commit(self.fence, key, "transaction", text)
+            except psycopg.OperationalError as exc:
                 raise self.unknown_commit(key, exc) from exc
-            raise
+            except psycopg.Error as exc:  # the fence: nothing was committed
+                raise self.fail(exc, key) from exc
         self.wrote(key, "transaction", text)
         return orjson.loads(text)
 

@@ -121,11 +121,54 @@ def open_records(conn: psycopg.Connection[Any], fence: Fence) -> Opened:
 
 
 def record(conn: psycopg.Connection[Any], fence: Fence, name: str, kind: str,
-           value: str) -> bool:
-    """Record a step; False when the run no longer holds the job (nothing recorded)."""
-    row = conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value)
-                       ).fetchone()
-    return row is not None and row[0] is not None
+           value: str) -> None:
+    """Record a step (its own transaction); raises :data:`LEASE_LOST` when the run no longer
+    holds the job (nothing recorded)."""
+    conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+
+
+class StepTransaction:
+    """A transaction step's transaction on the run's connection: psycopg's transaction
+    block (``fn`` may nest savepoints in it, and may not commit or roll it back itself),
+    ended by :meth:`commit` in one round trip: the step's record, whose fence raises
+    :data:`LEASE_LOST` when the run no longer holds the job, and COMMIT, pipelined. A record
+    that fails aborts the transaction on the server, so its COMMIT never runs; the
+    transaction is then rolled back and the error raised. An error ending the block before
+    :meth:`commit` rolls it back as psycopg does."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._tx = conn.transaction()
+        self._ended = False
+
+    def __enter__(self) -> StepTransaction:
+        self._tx.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False if self._ended else bool(self._tx.__exit__(*exc))
+
+    def commit(self, fence: Fence, name: str, kind: str, value: str) -> None:
+        """Record the step and COMMIT, or raise (an ``OperationalError``: the connection
+        failed, and whether it committed is unknown)."""
+        self._ended = True
+        conn = self._conn
+        try:
+            with conn.pipeline():
+                conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+                self._tx.__exit__(None, None, None)  # COMMIT, queued behind the record
+        except BaseException:
+            _give_up(conn)
+            raise
+
+
+def _give_up(conn: psycopg.Connection[Any]) -> None:
+    """Roll back what a failed end of a step left open, if the connection still can."""
+    if not conn.closed and conn.info.transaction_status != IDLE:
+        try:
+            conn.rollback()
+        except psycopg.Error:
+            pass
 
 
 def sleep(conn: psycopg.Connection[Any], fence: Fence, name: str, seconds: float | None,
@@ -164,11 +207,42 @@ async def wait_event_async(conn: psycopg.AsyncConnection[Any], fence: Fence, nam
 
 
 async def record_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,
-                       kind: str, value: str) -> bool:
+                       kind: str, value: str) -> None:
     """:func:`record` on an async connection."""
-    cur = await conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
-    row = await cur.fetchone()
-    return row is not None and row[0] is not None
+    await conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
+
+
+class AsyncStepTransaction:
+    """:class:`StepTransaction` on an async connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+        self._tx = conn.transaction()
+        self._ended = False
+
+    async def __aenter__(self) -> AsyncStepTransaction:
+        await self._tx.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return False if self._ended else bool(await self._tx.__aexit__(*exc))
+
+    async def commit(self, fence: Fence, name: str, kind: str, value: str) -> None:
+        """:meth:`StepTransaction.commit`."""
+        self._ended = True
+        conn = self._conn
+        try:
+            async with conn.pipeline():
+                await conn.execute(Q.step_record,
+                                   _params(fence, name=name, kind=kind, value=value))
+                await self._tx.__aexit__(None, None, None)
+        except BaseException:
+            if not conn.closed and conn.info.transaction_status != IDLE:
+                try:
+                    await conn.rollback()
+                except psycopg.Error:
+                    pass
+            raise
 
 
 async def sleep_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,

@@ -6,7 +6,7 @@
 SELECT name, kind, value FROM atlantis.step_records(%(job_id)s, %(run_id)s)
 
 -- name: step_record
--- In a transaction step, the last statement before COMMIT.
+-- A step's record; in a transaction step the last statement, pipelined with the COMMIT.
 SELECT atlantis.record_step(%(job_id)s, %(run_id)s, %(name)s, %(kind)s, %(value)s::jsonb,
                             %(attempt)s)
 

@@ -57,29 +57,28 @@ AS $$
      WHERE s.job_id = step_records.job_id AND (SELECT held FROM j)
 $$;
 
--- Record one step's value for the run that holds the job; returns when it was recorded, or
--- NULL when the run no longer holds the job (the fence of atlantis.step_fence, in the same
--- statement: one statement a step, no PL/pgSQL). In a transaction step this is the last
--- statement before COMMIT: the record, the fence and the handler's writes commit together
--- or not at all.
+-- Record one step's value for the run that holds the job and return when it was recorded;
+-- raises ATL20 when the run no longer holds the job (the fence, atlantis.step_fence), so that
+-- nothing is recorded and the transaction it ends cannot commit. In a transaction step this
+-- is the last statement before COMMIT, sent with the COMMIT in one round trip (pipelined): a
+-- fence that fails aborts the transaction and the COMMIT is never run, so the record, the
+-- fence and the handler's writes commit together or not at all.
 CREATE OR REPLACE FUNCTION atlantis.record_step(job_id bigint, run_id uuid, name text,
                                                 kind text, value jsonb, attempt int)
 RETURNS timestamptz
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SECURITY DEFINER SET search_path = pg_catalog, atlantis, pg_temp
 AS $$
-    WITH fence AS (
-        SELECT x.id, set_config('idle_in_transaction_session_timeout', '2s', true) AS t
-          FROM atlantis.jobs x
-         WHERE x.id = record_step.job_id AND x.run_id = record_step.run_id
-           AND x.state = 'running' AND x.claimed_until > clock_timestamp()
-           FOR SHARE
-    )
-    INSERT INTO atlantis.job_steps (job_id, name, kind, value, bytes, run_id, attempt)
-    SELECT fence.id, record_step.name, record_step.kind, record_step.value,
-           octet_length(record_step.value::text), record_step.run_id, record_step.attempt
-      FROM fence
-    RETURNING recorded_at
+DECLARE
+    at timestamptz;
+BEGIN
+    PERFORM atlantis.step_fence(record_step.job_id, record_step.run_id);
+    INSERT INTO atlantis.job_steps AS s (job_id, name, kind, value, bytes, run_id, attempt)
+    VALUES (record_step.job_id, record_step.name, record_step.kind, record_step.value,
+            octet_length(record_step.value::text), record_step.run_id, record_step.attempt)
+    RETURNING s.recorded_at INTO at;
+    RETURN at;
+END
 $$;
 
 -- A durable sleep: its wake time is fixed when the sleep is first reached (`seconds` from
