@@ -206,9 +206,14 @@ def test_kill_9_of_a_supervisor_holding_a_slot_frees_it_when_the_lease_expires(
     wait_state(db, free, "complete")
     other_worker = value(db, "SELECT worker FROM atlantis.attempts WHERE job_id = %s", (free,))
     assert other_worker.split(":")[1] == str(second.pid)
+    # On a failure, say whether the long attempt lost its lease before the kill (a
+    # supervisor starved past its 2 s heartbeat frees the slot as the kill would).
+    long_attempts = db.execute("SELECT attempt, outcome, error_kind, warning FROM "
+                               "atlantis.attempts WHERE job_id = %s", (long_id,)).fetchall()
     assert db.execute("SELECT state, attempt, atlantis.limit_hold(id) FROM atlantis.jobs"
                       " WHERE id = %s", (after,)).fetchone() == (
-        "available", 0, f"waiting for a slot of `concurrency 1 by key=k`: job {long_id} running")
+        "available", 0, f"waiting for a slot of `concurrency 1 by key=k`: job {long_id} running"
+    ), long_attempts
     child_pid = value(db, "SELECT pid FROM test_events WHERE job_id = %s AND attempt = 1"
                       " AND event = 'started'", (long_id,))
     holder.signal(signal.SIGKILL)

@@ -609,7 +609,7 @@ CREATE FUNCTION atlantis.queue_signal(queue text DEFAULT NULL::text) RETURNS SET
 --
 
 CREATE FUNCTION atlantis.record_step(job_id bigint, run_id uuid, name text, kind text, value jsonb, attempt integer) RETURNS timestamp with time zone
-    LANGUAGE sql SECURITY DEFINER
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'atlantis', 'pg_temp'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
