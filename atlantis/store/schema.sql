@@ -174,6 +174,7 @@ CREATE FUNCTION atlantis.claim(queues text[], jobs text[], worker text, n intege
 CREATE FUNCTION atlantis.claim_groups(q text, p integer, tried text[], worker text, jobs text[], skip_jobs text[]) RETURNS TABLE(id bigint, g text)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_sort TO 'off'
     AS $$ ... $$;  -- the body: atlantis/store/live
 
 --

@@ -70,12 +70,18 @@ $$;
 -- Claim the first due row of each group of `tried` (queue `q`, priority `p`, one of `jobs`,
 -- none of `skip_jobs`) for `worker`, unless another claim holds it; the trigger
 -- jobs_limit_claim decides, row by row, whether it may run. Returns the rows claimed, with
--- their group.
+-- their group. Each group's row is one seek in jobs_limited_idx, whatever the statistics:
+-- the group is matched as a range of one value and its rows ordered by it too, which no
+-- other index gives without a sort, and sorts are off. With `limit_group = g` a generic
+-- plan on a table whose statistics say it is nearly empty (a burst just enqueued) walked
+-- jobs_fetch_idx from the queue's head instead, reading every waiting row of the other
+-- groups before it (0.44 ms a call in a limited drain; benchmarks/HISTORY.md, 2026-12-07).
 CREATE OR REPLACE FUNCTION atlantis.claim_groups(q text, p int, tried text[], worker text,
                                                  jobs text[], skip_jobs text[])
 RETURNS TABLE (id bigint, g text)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -90,9 +96,9 @@ BEGIN
                    SELECT x.id FROM atlantis.jobs x
                     WHERE x.state = 'available' AND x.limit_group IS NOT NULL
                       AND x.queue = claim_groups.q AND x.priority = claim_groups.p
-                      AND x.limit_group = t.g AND x.run_at <= now()
+                      AND x.limit_group >= t.g AND x.limit_group <= t.g AND x.run_at <= now()
                       AND x.job = ANY (claim_groups.jobs) AND NOT x.job = ANY (claim_groups.skip_jobs)
-                    ORDER BY x.run_at, x.id LIMIT 1
+                    ORDER BY x.limit_group, x.run_at, x.id LIMIT 1
                       FOR UPDATE SKIP LOCKED) h) pick
      WHERE j.id = pick.id
     RETURNING j.id, pick.g;
