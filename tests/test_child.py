@@ -716,17 +716,20 @@ def test_text_helpers_accept_anything() -> None:
 def test_a_child_whose_app_never_touches_the_database_never_loads_psycopg(
         tmp_path: Path) -> None:
     # A child names its run's fence without the store (atlantis.protocol.fence): an app that
-    # imports no database driver costs no driver in each of its children (some 20 MB).
+    # imports no database driver costs no driver in each of its children (some 20 MB). Nor
+    # does a sync app load asyncio (some 20 ms of every child's start).
     peer = Child(tmp_path, app="benchmarks.app:registry")
     try:
         _, done = peer.attempt(job="bench.Noop", args='{"n": 1}')
         assert done.outcome == "complete" and done.error is None, done
         maps = Path(f"/proc/{peer.proc.pid}/maps").read_text()
         assert "psycopg" not in maps and "libpq" not in maps
+        assert "_asyncio" not in maps
     finally:
         peer.close()
-    # A zygote loads it once for all its workers, each of which lives for one attempt.
-    code = "import sys; from atlantis.child import zygote; zygote.preload(); print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg'}))"
+    # A zygote loads both once for all its workers, each of which lives for one attempt.
+    code = ("import sys; from atlantis.child import zygote; zygote.preload(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg', 'asyncio'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
-    assert out.strip() == "['psycopg']"
+    assert out.strip() == "['asyncio', 'psycopg']"

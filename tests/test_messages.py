@@ -9,7 +9,7 @@ import os
 import orjson
 import pytest
 
-from atlantis.protocol.framing import HEADER, ProtocolError
+from atlantis.protocol.framing import HEADER, ProtocolError, clean
 from atlantis.protocol.leasecell import MAX_WORDS, SIZE, LeaseCell
 from atlantis.protocol.messages import (
     MAX_EVENT_FRAME,
@@ -28,7 +28,6 @@ from atlantis.protocol.messages import (
     Unsafe,
     ZygoteFatal,
     ZygoteReady,
-    clean,
     decode,
     dumps,
     encode,

@@ -30,7 +30,6 @@ Threads and processes the handler leaves running are reported in ``leftovers`` a
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import logging
@@ -175,6 +174,8 @@ def _call(reg: Registration | None, run: Run, ctx: JobContext, term: TermSignal)
                     "args", _args_message(run.job, exc), exc))
             ret = reg.handler(ctx, args)
             if inspect.isawaitable(ret):
+                import asyncio  # on the first async handler's run: a sync app never pays it
+
                 ret = asyncio.run(_await(ret, ctx))
         except Terminated:
             raise

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import secrets
 import signal
 import sys
 
@@ -103,7 +102,7 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
     # Every process started from here on inherits this mark: should this process die
     # before it could clean up (a crash, os._exit, SIGKILL), the supervisor finds by it the
     # descendants that left the process group and were re-parented away.
-    tree = secrets.token_hex(8)
+    tree = os.urandom(8).hex()  # secrets.token_hex's bytes, without importing secrets
     os.environ[TREE_VARIABLE] = tree
     watchdog = Watchdog(control_fd, cell)
     watchdog.start()

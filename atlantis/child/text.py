@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from atlantis.child.exits import Terminated
 from atlantis.limits import MAX_CHECKPOINT_CHARS, MAX_ERROR_TEXT, clamp_pct
-from atlantis.protocol.messages import ChildError, ErrorKind, clean, clip
+from atlantis.protocol.framing import clean
+from atlantis.protocol.messages import ChildError, ErrorKind, clip
 
 #: Error messages and tracebacks past this size are cut (see :mod:`atlantis.limits`).
 MAX_ERROR_CHARS = MAX_ERROR_TEXT

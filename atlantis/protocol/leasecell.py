@@ -37,7 +37,7 @@ import mmap
 import os
 import struct
 
-from atlantis.protocol.messages import clean
+from atlantis.protocol.framing import clean
 
 _DOUBLE = struct.Struct("d")  # native: one aligned 8-byte copy
 _LENGTH = struct.Struct("I")

@@ -225,20 +225,6 @@ def encode(msg: Message) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def clean(text: str) -> str:
-    """``text`` fit for any reader: lone surrogates escaped, NUL removed.
-
-    JSON encoders refuse surrogates, and PostgreSQL's text and jsonb refuse NUL.
-    """
-    if "\x00" in text:
-        text = text.replace("\x00", "")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
 def clip(text: str, head: int, tail: int = 0) -> str:
     """``text`` cut to about ``head + tail`` characters, saying how much was dropped."""
     if len(text) <= head + tail:

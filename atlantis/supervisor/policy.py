@@ -18,8 +18,8 @@ from tenacity import RetryCallState, Retrying
 from tenacity.wait import wait_base, wait_exponential, wait_random_exponential
 
 from atlantis.limits import MAX_ERROR_TEXT, MAX_PROGRESS_MSG
-from atlantis.protocol import results
-from atlantis.protocol.messages import ChildError, Done, clean
+from atlantis.protocol import framing, results
+from atlantis.protocol.messages import ChildError, Done
 from atlantis.protocol.messages import clip as cut
 from atlantis.units import format_duration, format_size
 
@@ -145,7 +145,7 @@ def clamp_delay(seconds: float, cap: float) -> float:
 
 def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     """Text fit for a row: cleaned (no NUL, no lone surrogate) and at most ``limit`` chars."""
-    return cut(clean(text), limit)
+    return cut(framing.clean(text), limit)
 
 
 def progress_text(msg: str) -> str:
@@ -153,7 +153,7 @@ def progress_text(msg: str) -> str:
     :data:`~atlantis.limits.MAX_PROGRESS_MSG` characters, as the database's
     ``atlantis.progress_text`` cuts it (the renew and finish statements ask that too). No
     note of what was cut: the row would not keep it."""
-    return clean(msg)[:MAX_PROGRESS_MSG]
+    return framing.clean(msg)[:MAX_PROGRESS_MSG]
 
 
 def out_of_attempts(attempt: int, max_attempts: int) -> bool:
@@ -253,7 +253,7 @@ def suspended(facts: AttemptFacts, limits: Limits, done: Done) -> Verdict:
         return failed(facts, limits, {"attempt": facts.attempt, "kind": "steps", "message":
                                       f"a suspend with no wake time: {cut(str(done.wake), 60)}"})
     return Verdict("available", False, label="suspend", wake=done.wake,
-                   waits=cut(clean(done.waits or "sleep"), 200))
+                   waits=cut(framing.clean(done.waits or "sleep"), 200))
 
 
 def completed(facts: AttemptFacts, result: str | None, nulled: str | None = None) -> Verdict:
