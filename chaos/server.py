@@ -39,6 +39,27 @@ def suite_major() -> int:
     return int(raw)
 
 
+#: Free space a memory-backed folder must have to hold a test server (its WAL included).
+_SCRATCH_ROOM = 2 * 1024**3
+
+
+def scratch_root() -> Path:
+    """Where throwaway servers live: ``/dev/shm`` (a tmpfs) when it is writable and has
+    room, else ``/tmp``. A server's folders are short-lived and hold thousands of files: on
+    ext4 each CREATE DATABASE from a template spent about 120 ms of CPU in the kernel
+    looking for inodes past the ones the previous DROP freed, against about 10 ms on a
+    tmpfs. Crash recovery is the same (a killed server's files stay until deleted); only a
+    reboot loses them, which no test survives anyway."""
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return Path("/tmp")
+    if os.access(shm, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= _SCRATCH_ROOM:
+        return shm
+    return Path("/tmp")
+
+
 @dataclass
 class OwnServer:
     """A PostgreSQL whose data lives in ``home``; see the module docstring."""
@@ -54,10 +75,11 @@ class OwnServer:
 
     @classmethod
     def create(cls, prefix: str = "atl-s", major: int | None = None,
-               parent: Path = Path("/tmp")) -> OwnServer:
-        """Initialise and start a new server in a fresh folder under ``parent`` (``major``:
-        the suite's, ``ATLANTIS_TEST_PG``, else the embedded default)."""
-        home = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+               parent: Path | None = None) -> OwnServer:
+        """Initialise and start a new server in a fresh folder under ``parent`` (default:
+        :func:`scratch_root`; ``major``: the suite's, ``ATLANTIS_TEST_PG``, else the
+        embedded default)."""
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or scratch_root()))
         home.chmod(0o755)  # the server's own user (as root: ``pgserver``) must pass through
         try:
             server = embedded.start(home / "pgdata", major=major or suite_major(),

@@ -17,12 +17,13 @@ import psutil
 import pytest
 
 from atlantis import environ
+from chaos.server import scratch_root
 from tests.conftest import ROOT
 
 
 @pytest.fixture
 def home() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="atl-d", dir="/tmp"))
+    folder = Path(tempfile.mkdtemp(prefix="atl-d", dir=scratch_root()))
     yield folder
     for pidfile in folder.rglob("postmaster.pid"):
         try:

@@ -22,6 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import atlantis
+from chaos.server import scratch_root
 from tests.conftest import (
     Supervisor,
     events,
@@ -241,7 +242,7 @@ def test_a_server_restart_behind_pgbouncer(tmp_path: Path) -> None:
     from tests.pgbouncer import require_pgbouncer
 
     require_pgbouncer()
-    home = Path(tempfile.mkdtemp(prefix="atl-r-", dir="/tmp"))
+    home = Path(tempfile.mkdtemp(prefix="atl-r-", dir=scratch_root()))
     home.chmod(0o755)
     try:
         admin = start_server(home)

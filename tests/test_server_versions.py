@@ -28,6 +28,7 @@ from atlantis import environ
 from atlantis.app import load_app
 from atlantis.errors import ConfigurationError
 from atlantis.store import doctor, embedded, homes, migrate, sync
+from chaos.server import scratch_root
 from tests.conftest import BIN, ROOT, TEST_APP
 
 #: Only the tests on the suite's server are marked ``server_matrix``: the others start servers
@@ -37,7 +38,7 @@ from tests.conftest import BIN, ROOT, TEST_APP
 
 @pytest.fixture
 def base() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="atl-v", dir="/tmp"))
+    folder = Path(tempfile.mkdtemp(prefix="atl-v", dir=scratch_root()))
     folder.chmod(0o755)
     yield folder
     for pidfile in folder.rglob("postmaster.pid"):
