@@ -24,9 +24,10 @@ import atlantis
 from atlantis.supervisor import policy
 from tests.conftest import events, job_row, wait_for, wait_state
 
-#: decimal's ln at this many digits is one C call of 15 s or more on this kind of machine
-#: (the issue's case: 20,000 digits took about 15 s on a faster one).
-LONG = 12_000
+#: Seconds of the handler's C call (tests.apps.basic.hold_the_gil): far past the lease,
+#: which ends it first; the healthy supervisor's attempt is held past three heartbeats.
+LONG = 30
+HELD = 8
 HEARTBEAT = 2.0  # tests.Crunch's
 
 
@@ -76,7 +77,7 @@ def test_an_attempt_in_a_long_c_call_is_dead_before_its_lease_ends(
 ) -> None:
     key = f"crunch-{how}"
     job_id = atlantis.enqueue(db, "tests.Crunch", {
-        "key": key, "digits": LONG, "retry_digits": 10, "grandchild": True})
+        "key": key, "seconds": LONG, "retry_seconds": 0, "grandchild": True})
     group = how.endswith("-group")
     first = supervise(concurrency=1, session=group)
     wait_for(lambda: any(e[1] == "before" for e in _event_times(db, key)), timeout=60,
@@ -120,7 +121,7 @@ def test_a_healthy_supervisor_keeps_an_attempt_in_a_long_c_call(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
     job_id = atlantis.enqueue(db, "tests.Crunch", {
-        "key": "healthy", "digits": LONG, "retry_digits": 10})
+        "key": "healthy", "seconds": HELD, "retry_seconds": 0})
     supervise(concurrency=1)
     row = wait_state(db, job_id, "complete", timeout=120)
     assert row["attempt"] == 1 and row["errors"] == []
@@ -136,7 +137,7 @@ def test_a_killed_keeper_is_started_again_and_keeps_watching(
     import psutil
 
     job_id = atlantis.enqueue(db, "tests.Crunch", {
-        "key": "rekept", "digits": LONG, "retry_digits": 10})
+        "key": "rekept", "seconds": LONG, "retry_seconds": 0})
     sup = supervise(concurrency=1)
     wait_for(lambda: events(db, "rekept"), timeout=60, message="the handler to start")
 

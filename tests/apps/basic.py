@@ -126,31 +126,45 @@ def typed(ctx: atlantis.JobContext, args: Any) -> None:
 
 #: A double-forked ``setsid`` grandchild that writes its pid to descriptor argv[1], then sits
 #: in the same C call as its handler.
+#: One C call of argv[2] seconds that holds the GIL and spends no CPU (as
+#: :func:`hold_the_gil`), in a double-forked grandchild that left the process group.
 _CRUNCHING_GRANDCHILD = """
-import decimal, os, sys
+import ctypes, os, signal, sys
 os.setsid()
 if os.fork():
     os._exit(0)
 fd = int(sys.argv[1])
 os.write(fd, str(os.getpid()).encode())
 os.close(fd)
-decimal.Context(prec=int(sys.argv[2])).ln(decimal.Decimal(3))
+signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+ctypes.PyDLL(None).sleep(int(sys.argv[2]))
 """
+
+
+def hold_the_gil(seconds: int) -> None:
+    """One C call of ``seconds`` that holds the GIL, as a long computation in C does (the
+    issue's case: decimal's ln at 20,000 digits), without spending the CPU one would: libc's
+    ``sleep`` called through ``ctypes.PyDLL`` (whose calls keep the GIL), with this thread's
+    signals blocked for its length, so that a signal neither ends it early nor runs a
+    Python handler before it returns (SIGKILL and SIGSTOP still act at once)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        ctypes.PyDLL(None).sleep(seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @registry.handler("tests.Crunch")
 def crunch(ctx: atlantis.JobContext, args: Any) -> None:
-    """One long C call holding the GIL (``decimal``), recorded before and after."""
-    import decimal
-
-    digits = args.digits if ctx.attempt == 1 else args.retry_digits
+    """One long C call holding the GIL (:func:`hold_the_gil`), recorded before and after."""
+    seconds = args.seconds if ctx.attempt == 1 else args.retry_seconds
     if args.grandchild:
         r, w = os.pipe()
-        subprocess.run([sys.executable, "-c", _CRUNCHING_GRANDCHILD, str(w), str(digits)],
+        subprocess.run([sys.executable, "-c", _CRUNCHING_GRANDCHILD, str(w), str(seconds)],
                        pass_fds=(w,), check=True)
         os.close(w)
         with os.fdopen(r, "rb") as f:
             record(ctx, args.key, "grandchild", int(f.read()))
     record(ctx, args.key, "before")
-    decimal.Context(prec=digits).ln(decimal.Decimal(3))
+    hold_the_gil(seconds)
     record(ctx, args.key, "after")
