@@ -348,3 +348,46 @@ def test_a_child_keeps_its_step_connection_but_not_an_attempts_session_state(
     setting, backend = wait_state(ddb, shown, "complete")["result"]
     assert setting == first_row["result"][0] != "64kB"
     assert backend == first_row["result"][1]  # the same connection, kept
+
+
+def test_a_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
+        ddb: psycopg.Connection[Any], db_url: str) -> None:
+    """The record and the COMMIT go out together (one round trip): a fence that fails must
+    abort the transaction before its COMMIT, and the run must stop as one that lost the job
+    (LeaseLost), not as one whose COMMIT's outcome is unknown."""
+    from atlantis.errors import LeaseLost
+    from atlantis.protocol.fence import Fence
+    from atlantis.steps import StepBook
+
+    job_id = _steps_job(ddb, "fenced")
+    run_id = ddb.execute(
+        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
+        "claimed_until = now() + interval '1 hour', started_at = now(), "
+        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
+    ddb.commit()
+    assert run_id is not None
+    book = StepBook(Fence(job_id=job_id, run_id=str(run_id[0]), attempt=1), db_url)
+
+    def write(conn: psycopg.Connection[Any], page: int) -> int:
+        conn.execute("INSERT INTO durable_effects (key, page, attempt) VALUES ('fenced', %s, 1)",
+                     (page,))
+        return page
+
+    assert book.transaction("kept", write, (1,), {}) == 1  # the run holds the job: committed
+
+    def write_then_lose(conn: psycopg.Connection[Any]) -> int:
+        write(conn, 2)
+        with psycopg.connect(db_url, autocommit=True) as other:  # the lease ends meanwhile
+            other.execute("UPDATE atlantis.jobs SET claimed_until = now() - interval '1s' "
+                          "WHERE id = %s", (job_id,))
+        return 2
+
+    with pytest.raises(LeaseLost):
+        book.transaction("lost", write_then_lose, (), {})
+    assert _effects(ddb, "fenced") == [1]
+    assert _records(ddb, job_id) == [("kept", "transaction")]
+    with pytest.raises(Exception, match="no step may run"):  # the run has ended
+        book.transaction("after", write, (3,), {})
+    conn = book._conn  # closed, not kept for a next attempt of this process
+    assert conn is not None
+    conn.close()
