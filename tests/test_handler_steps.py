@@ -391,3 +391,43 @@ def test_a_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
     conn = book._conn  # closed, not kept for a next attempt of this process
     assert conn is not None
     conn.close()
+
+
+def test_an_async_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
+        ddb: psycopg.Connection[Any], db_url: str) -> None:
+    """As above, for an async handler's transaction step (its own pipelined COMMIT)."""
+    import asyncio
+
+    from atlantis.errors import LeaseLost
+    from atlantis.protocol.fence import Fence
+    from atlantis.steps_async import AsyncStepBook
+
+    job_id = _steps_job(ddb, "afenced")
+    run_id = ddb.execute(
+        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
+        "claimed_until = now() + interval '1 hour', started_at = now(), "
+        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
+    ddb.commit()
+    assert run_id is not None
+
+    async def write(conn: psycopg.AsyncConnection[Any], page: int, lose: bool) -> int:
+        await conn.execute("INSERT INTO durable_effects (key, page, attempt) "
+                           "VALUES ('afenced', %s, 1)", (page,))
+        if lose:
+            with psycopg.connect(db_url, autocommit=True) as other:
+                other.execute("UPDATE atlantis.jobs SET claimed_until = now() - interval '1s' "
+                              "WHERE id = %s", (job_id,))
+        return page
+
+    async def run() -> None:
+        book = AsyncStepBook(Fence(job_id=job_id, run_id=str(run_id[0]), attempt=1), db_url)
+        try:
+            assert await book.transaction("kept", write, (1, False), {}) == 1
+            with pytest.raises(LeaseLost):
+                await book.transaction("lost", write, (2, True), {})
+        finally:
+            await book.aclose()
+
+    asyncio.run(run())
+    assert _effects(ddb, "afenced") == [1]
+    assert _records(ddb, job_id) == [("kept", "transaction")]
