@@ -49,6 +49,17 @@ def _steps_job(db: psycopg.Connection[Any], key: str, n: int = 6, hold_at: int =
     return atlantis.enqueue(db, "durable.Steps", {"key": key, "n": n, "hold_at": hold_at})
 
 
+def _running_by_hand(db: psycopg.Connection[Any], job_id: int) -> Any:
+    """Set ``job_id`` running under a new run id, as a claim would; returns the run id."""
+    row = db.execute(
+        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
+        "claimed_until = now() + interval '1 hour', started_at = now(), "
+        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
+    db.commit()
+    assert row is not None
+    return row[0]
+
+
 # ---- memoization across runs ----------------------------------------------------------------
 
 def test_steps_recorded_before_a_supervisor_kill_9_are_not_run_again(
@@ -312,15 +323,10 @@ def test_a_client_stalled_after_the_fence_does_not_hold_the_row(
     (stopped, cut off) has its session ended by the server, so the supervisor's renewals of
     that row wait seconds at most."""
     job_id = _steps_job(ddb, "stall")
-    run_id = ddb.execute(
-        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
-        "claimed_until = now() + interval '1 hour', started_at = now(), "
-        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
-    ddb.commit()
-    assert run_id is not None
+    run_id = _running_by_hand(ddb, job_id)
     stalled = psycopg.connect(db_url)
     pid = stalled.info.backend_pid
-    stalled.execute("SELECT atlantis.step_fence(%s, %s)", (job_id, run_id[0]))  # then stops
+    stalled.execute("SELECT atlantis.step_fence(%s, %s)", (job_id, run_id))  # then stops
 
     def ended() -> bool:
         row = ddb.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
@@ -360,13 +366,8 @@ def test_a_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
     from atlantis.steps import StepBook
 
     job_id = _steps_job(ddb, "fenced")
-    run_id = ddb.execute(
-        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
-        "claimed_until = now() + interval '1 hour', started_at = now(), "
-        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
-    ddb.commit()
-    assert run_id is not None
-    book = StepBook(Fence(job_id=job_id, run_id=str(run_id[0]), attempt=1), db_url)
+    run_id = _running_by_hand(ddb, job_id)
+    book = StepBook(Fence(job_id=job_id, run_id=str(run_id), attempt=1), db_url)
 
     def write(conn: psycopg.Connection[Any], page: int) -> int:
         conn.execute("INSERT INTO durable_effects (key, page, attempt) VALUES ('fenced', %s, 1)",
@@ -403,12 +404,7 @@ def test_an_async_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_n
     from atlantis.steps_async import AsyncStepBook
 
     job_id = _steps_job(ddb, "afenced")
-    run_id = ddb.execute(
-        "UPDATE atlantis.jobs SET state = 'running', attempt = 1, claimed_by = 'w', "
-        "claimed_until = now() + interval '1 hour', started_at = now(), "
-        "run_id = gen_random_uuid() WHERE id = %s RETURNING run_id", (job_id,)).fetchone()
-    ddb.commit()
-    assert run_id is not None
+    run_id = _running_by_hand(ddb, job_id)
 
     async def write(conn: psycopg.AsyncConnection[Any], page: int, lose: bool) -> int:
         await conn.execute("INSERT INTO durable_effects (key, page, attempt) "
@@ -420,7 +416,7 @@ def test_an_async_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_n
         return page
 
     async def run() -> None:
-        book = AsyncStepBook(Fence(job_id=job_id, run_id=str(run_id[0]), attempt=1), db_url)
+        book = AsyncStepBook(Fence(job_id=job_id, run_id=str(run_id), attempt=1), db_url)
         try:
             assert await book.transaction("kept", write, (1, False), {}) == 1
             with pytest.raises(LeaseLost):
