@@ -394,6 +394,31 @@ def test_a_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
     conn.close()
 
 
+def test_an_aborted_pipeline_is_told_by_the_records_own_error(
+        ddb: psycopg.Connection[Any]) -> None:
+    """When the record fails, psycopg may raise the COMMIT's ``PipelineAborted`` (an
+    ``OperationalError``: a connection that failed during COMMIT, outcome unknown) with the
+    record's error as its context: seen once in a full run, the fence's LeaseLost taken for
+    an unknown COMMIT. The transaction step raises the record's own error instead."""
+    from atlantis.store.steps import NO_SUCH_JOB, _cause
+
+    def aborted_behind(statement: str) -> psycopg.errors.PipelineAborted:
+        try:
+            try:
+                ddb.execute(statement)
+            except psycopg.Error:
+                raise psycopg.errors.PipelineAborted("pipeline aborted") from None
+        except psycopg.errors.PipelineAborted as exc:
+            return exc
+        raise AssertionError(f"{statement} did not fail")
+
+    fenced = aborted_behind("SELECT atlantis.step_fence(0, gen_random_uuid())")  # no such job
+    cause = _cause(fenced)
+    assert isinstance(cause, psycopg.DatabaseError) and cause.sqlstate == NO_SUCH_JOB
+    bare = psycopg.errors.PipelineAborted("pipeline aborted")
+    assert _cause(bare) is bare  # no record's error behind it: unknown, as before
+
+
 def test_an_async_fence_that_fails_at_commit_stops_the_run_as_lost_and_commits_nothing(
         ddb: psycopg.Connection[Any], db_url: str) -> None:
     """As above, for an async handler's transaction step (its own pipelined COMMIT)."""
