@@ -133,7 +133,7 @@ def test_tide_metrics_serve_with_no_supervisor(db: psycopg.Connection[Any], admi
     assert lost == {("atlantis_database_up", ""): 0}
     wait_for(lambda: "tide: metrics: cannot read the database: " in metrics_server.log(),
              message="the failure said once")
-    assert metrics_server.stop() == 0
+    assert metrics_server.stop() == 0, metrics_server.log()
     log = metrics_server.log()
     assert "Traceback" not in log and log.count("cannot read the database") == 1, log
     assert log.strip().splitlines()[-1] == "tide: metrics: stopped"

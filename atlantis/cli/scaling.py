@@ -171,13 +171,21 @@ class _Source:
                        f"{safe(describe_db_error(exc, self.url))}", err=True)
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
+        """Close the kept connection, unless a scrape still holds it (waiting for the
+        database, up to its deadline): the process is ending, and its exit closes it."""
+        if self._lock.acquire(timeout=0.5):
+            try:
+                if self._conn is not None:
+                    self._conn.close()
+            finally:
+                self._lock.release()
 
 
 class _Server(ThreadingMixIn, WSGIServer):
+    # A scrape still answering (or a client that connected and never asked) does not hold
+    # up the stop: its thread ends with the process.
     daemon_threads = True
+    block_on_close = False
 
 
 class _Quiet(WSGIRequestHandler):
