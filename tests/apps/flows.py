@@ -6,25 +6,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import psycopg
-
 import atlantis
-from tests.apps.basic import record
+from tests.apps.basic import connect, record
 
 registry = atlantis.Registry.from_atl("flows.atl")
 
 
 def _released(ctx: atlantis.JobContext, key: str) -> bool:
-    assert ctx.database_url is not None
-    with psycopg.connect(ctx.database_url, autocommit=True) as conn:
+    with connect(ctx) as conn:
         row = conn.execute("SELECT count(*) FROM test_events WHERE key = %s", (key,)).fetchone()
     return bool(row and row[0])
 
 
 def _started(ctx: atlantis.JobContext, steps: list[str]) -> int:
-    assert ctx.database_url is not None
     keys = [f"{ctx.workflow_id}:{s}" for s in steps]
-    with psycopg.connect(ctx.database_url, autocommit=True) as conn:
+    with connect(ctx) as conn:
         row = conn.execute("SELECT count(DISTINCT key) FROM test_events"
                            " WHERE key = ANY(%s) AND event = 'started'", (keys,)).fetchone()
     return int(row[0]) if row else 0
