@@ -25,6 +25,10 @@ class Attempt:
     """The latest checkpoint the handler reported (``ctx.checkpoint``)."""
     checkpoint_dirty: bool = False
     """``checkpoint`` is not written yet: the next renewal (or the finish) carries it."""
+    checkpoint_sent: bool = False
+    """A renewal on its way carries ``checkpoint``: until it is answered, the finish carries
+    it too (the two go on different connections, and a finish that commits first leaves the
+    renewal no running row to write it on)."""
     checkpoint_since: float = 0.0
     """When the oldest unwritten checkpoint came: it is written within
     ``progress_interval`` of that."""

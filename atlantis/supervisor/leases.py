@@ -86,6 +86,7 @@ class Leases(Service):
         renewals = [Renewal(a.job_id, a.attempt, a.checkpoint if a.checkpoint_dirty else None,
                             a.run, a.row.run_id) for a in batch]
         for a in batch:
+            a.checkpoint_sent = a.checkpoint_sent or a.checkpoint_dirty
             a.checkpoint_dirty = False
         try:
             try:
@@ -100,11 +101,14 @@ class Leases(Service):
                 rows = await sql.renew(self.db, rt.worker_id, renewals, max(budget, 0.001))
         except (DatabaseUnavailable, StatementRejected):
             for a, r in zip(batch, renewals, strict=True):
+                a.checkpoint_sent = False
                 if r.progress is not None and not a.checkpoint_dirty:
                     a.checkpoint_dirty = True
                     a.checkpoint_since = t0
                     a.next_renewal = 0.0
             return
+        for a in batch:
+            a.checkpoint_sent = False  # answered: written where the row was still running
         rt.metrics.renewals.inc()
         rt.metrics.leases_renewed.inc(len(rows))
         renewed = {r.id: r.cancel_requested for r in rows}

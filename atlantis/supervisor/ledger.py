@@ -174,7 +174,7 @@ class Ledger:
             log.warning("%s: the lease was lost; its result is not written", a.tag(),
                         extra=a.log_extra())
             return
-        checkpoint = a.checkpoint if a.checkpoint_dirty else None
+        checkpoint = a.checkpoint if a.checkpoint_dirty or a.checkpoint_sent else None
         self.ended.append((a, Result(a.job_id, a.attempt, outcome.state, outcome.spent,
                                      outcome.delay, outcome.error, checkpoint, outcome.label,
                                      a.child_pid, a.log_lines, a.log_dropped, a.run,

@@ -107,6 +107,10 @@ async def checkpoints(ctx: atlantis.JobContext, args: Any) -> None:
     if final is not None or args.msg is not None:
         if atlantis.checkpoint(ctx, final, args.msg or "") is not None:
             errors += 1
+    if args.then_sleep:
+        import asyncio
+
+        await asyncio.sleep(args.then_sleep)
     record(ctx, args.key, f"errors={errors}")
 
 
