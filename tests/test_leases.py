@@ -802,9 +802,10 @@ def test_a_checkpoint_whose_renewal_lands_after_the_finish_is_written_by_the_fin
     os.kill(leases, signal.SIGSTOP)  # renewals sent now wait, unanswered
     try:
         # Its checkpoint goes out with a renewal 0.25 s later (--progress-interval), which
-        # waits; the attempt ends while it does (well before its lease, 3 s).
+        # waits; the attempt ends while it does, well before the supervisor would stop it for
+        # want of a renewal (1.8 s after its claim: a 3 s heartbeat).
         job_id = atlantis.enqueue(db, "tests.Checkpoints",
-                                  {"key": "late", "count": 0, "pct": 40.0, "then_sleep": 1.0})
+                                  {"key": "late", "count": 0, "pct": 40.0, "then_sleep": 0.6})
         row = wait_state(db, job_id, "complete")
     finally:
         os.kill(leases, signal.SIGCONT)
