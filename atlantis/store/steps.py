@@ -157,27 +157,29 @@ class StepTransaction:
             with conn.pipeline():
                 conn.execute(Q.step_record, _params(fence, name=name, kind=kind, value=value))
                 self._tx.__exit__(None, None, None)  # COMMIT, queued behind the record
-        except psycopg.errors.PipelineAborted as exc:
+        except BaseException as exc:
             _give_up(conn)
-            raise _cause(exc) from None
-        except BaseException:
-            _give_up(conn)
-            raise
+            cause = _cause(exc)
+            if cause is exc:
+                raise
+            raise cause from None
 
 
-def _cause(aborted: psycopg.errors.PipelineAborted) -> BaseException:
-    """What a pipeline ended by ``PipelineAborted`` failed on: the record's own error (the
-    fence's :data:`LEASE_LOST`, say), which psycopg may raise first or, when the COMMIT's
-    aborted result is fetched while that error is raised, leave as the context of its
-    ``PipelineAborted`` (which, an ``OperationalError``, would read as a connection that
+def _cause(exc: BaseException) -> BaseException:
+    """What the end of a step failed on. For a ``PipelineAborted``: the record's own error
+    (the fence's :data:`LEASE_LOST`, say), which psycopg may raise first or, when the
+    COMMIT's aborted result is fetched while that error is raised, leave as the context of
+    its ``PipelineAborted`` (which, an ``OperationalError``, would read as a connection that
     failed during COMMIT). The COMMIT never ran behind a failed record: nothing committed.
-    ``aborted`` itself when no such error is there."""
-    seen: BaseException | None = aborted.__context__
+    ``exc`` itself otherwise."""
+    if not isinstance(exc, psycopg.errors.PipelineAborted):
+        return exc
+    seen: BaseException | None = exc.__context__
     while seen is not None:
         if isinstance(seen, psycopg.Error) and not isinstance(seen, psycopg.OperationalError):
             return seen
         seen = seen.__context__
-    return aborted
+    return exc
 
 
 def _give_up(conn: psycopg.Connection[Any]) -> None:
@@ -255,15 +257,20 @@ class AsyncStepTransaction:
                                    _params(fence, name=name, kind=kind, value=value))
                 await self._tx.__aexit__(None, None, None)
         except BaseException as exc:
-            cause = _cause(exc) if isinstance(exc, psycopg.errors.PipelineAborted) else exc
-            if not conn.closed and conn.info.transaction_status != IDLE:
-                try:
-                    await conn.rollback()
-                except psycopg.Error:
-                    pass
+            await _give_up_async(conn)
+            cause = _cause(exc)
             if cause is exc:
                 raise
             raise cause from None
+
+
+async def _give_up_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`_give_up` on an async connection."""
+    if not conn.closed and conn.info.transaction_status != IDLE:
+        try:
+            await conn.rollback()
+        except psycopg.Error:
+            pass
 
 
 async def sleep_async(conn: psycopg.AsyncConnection[Any], fence: Fence, name: str,

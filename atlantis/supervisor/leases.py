@@ -107,13 +107,12 @@ class Leases(Service):
                     a.checkpoint_since = t0
                     a.next_renewal = 0.0
             return
-        for a in batch:
-            a.checkpoint_sent = False  # answered: written where the row was still running
         rt.metrics.renewals.inc()
         rt.metrics.leases_renewed.inc(len(rows))
         renewed = {r.id: r.cancel_requested for r in rows}
         sent = self.db.sent_at  # the renewal counts from when it went out, not from before
         for a in batch:
+            a.checkpoint_sent = False  # answered: written where the row was still running
             if a.lost or a.finished:
                 continue  # ended while the renewal was on its way
             if a.job_id in renewed:
