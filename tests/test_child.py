@@ -717,7 +717,8 @@ def test_a_child_whose_app_never_touches_the_database_never_loads_psycopg(
         tmp_path: Path) -> None:
     # A child names its run's fence without the store (atlantis.protocol.fence): an app that
     # imports no database driver costs no driver in each of its children (some 20 MB). Nor
-    # does a sync app load asyncio (some 20 ms of every child's start).
+    # does a sync app load asyncio (some 20 ms of every child's start), nor an attempt that
+    # starts no process psutil (some 15 ms).
     peer = Child(tmp_path, app="benchmarks.app:registry")
     try:
         _, done = peer.attempt(job="bench.Noop", args='{"n": 1}')
@@ -725,11 +726,13 @@ def test_a_child_whose_app_never_touches_the_database_never_loads_psycopg(
         maps = Path(f"/proc/{peer.proc.pid}/maps").read_text()
         assert "psycopg" not in maps and "libpq" not in maps
         assert "_asyncio" not in maps
+        assert "_psutil" not in maps
     finally:
         peer.close()
     # A zygote loads both once for all its workers, each of which lives for one attempt.
     code = ("import sys; from atlantis.child import zygote; zygote.preload(); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg', 'asyncio'}))")
+            "print(sorted({m.split('.')[0] for m in sys.modules} "
+            "& {'psycopg', 'asyncio', 'psutil'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
-    assert out.strip() == "['asyncio', 'psycopg']"
+    assert out.strip() == "['asyncio', 'psutil', 'psycopg']"

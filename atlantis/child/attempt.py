@@ -39,8 +39,6 @@ import threading
 from datetime import datetime
 from typing import Any
 
-import psutil
-
 from atlantis.child import tracing
 from atlantis.child.channel import Channel
 from atlantis.child.exits import Terminated, TermSignal, exit_now
@@ -105,7 +103,10 @@ def leftovers(watchdog: threading.Thread, baseline: Baseline) -> list[str]:
         except Exception:
             pass
         found.append(leftover(_thread_name(t)))
-    for p in descendants():
+    processes = descendants()
+    if processes:
+        import psutil  # loaded by descendants() already
+    for p in processes:
         if p in baseline.processes:
             continue
         try:
@@ -123,7 +124,10 @@ def reap_zombies(baseline: Baseline) -> None:
     Only after the attempt, so a handler that waits for its own subprocess is never robbed
     of its exit status; never the app's own helpers, which their owners wait for.
     """
-    for p in descendants(recursive=False):
+    processes = descendants(recursive=False)
+    if processes:
+        import psutil  # loaded by descendants() already
+    for p in processes:
         if p in baseline.processes:
             continue
         try:

@@ -14,12 +14,13 @@ import functools
 import os
 import signal
 from collections.abc import Callable, Iterator
-from typing import NoReturn
-
-import psutil
+from typing import TYPE_CHECKING, NoReturn
 
 from atlantis import environ
 from atlantis.child.exits import EXIT_ORPHANED, exit_now, flush_output
+
+if TYPE_CHECKING:
+    import psutil
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -93,6 +94,8 @@ def has_children() -> bool:
 def descendants(recursive: bool = True) -> list[psutil.Process]:
     if not has_children():
         return []
+    import psutil  # here, not at import: a child whose handlers start no process never loads it
+
     try:
         return psutil.Process().children(recursive=recursive)
     except psutil.Error:
@@ -197,6 +200,8 @@ def kill_descendants(keep: frozenset[psutil.Process] = frozenset()) -> list[psut
         found = [p for p in descendants() if p not in keep and p not in killed]
         if not found:
             break
+        import psutil  # loaded by descendants() already
+
         for p in found:
             try:
                 p.kill()
