@@ -8,9 +8,10 @@ first argument: a pytest worker starts one server process (``python -m tests.for
 that imports all that once and forks a supervisor per request. About 270 supervisors start in
 a run of the suite; this is about a tenth of its CPU.
 
-A test whose subject is the interpreter's start (an environment that changes how Python
-starts: ``PYTHONPATH``, ``PYTHONDONTWRITEBYTECODE``, a ``sitecustomize``) gets
-``atlantis-supervise`` run as a program, as before: :func:`forkable` decides.
+A test whose environment changes how Python starts gets ``atlantis-supervise`` run as a
+program, as before (:func:`forkable` decides), except for an app folder on ``PYTHONPATH``
+and ``PYTHONDONTWRITEBYTECODE``, which the fork applies as the interpreter would
+(:func:`_as_started`) unless a folder holds a ``sitecustomize`` or ``usercustomize``.
 
 The protocol, one JSON line each way over a socket pair: a request
 ``{"seq", "argv", "env", "cwd", "log", "session"}`` is answered ``{"seq", "pid"}`` once
@@ -40,12 +41,35 @@ import orjson
 _STARTUP_PREFIXES = ("PYTHON", "LD_")
 
 
+#: Variables a fork can give its supervisor as the interpreter would have at its start
+#: (:func:`_as_started`), when the server started without them: a test's app folder on
+#: ``PYTHONPATH`` (tests that rewrite its modules set ``PYTHONDONTWRITEBYTECODE`` too).
+_EMULATED = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+#: Modules an interpreter runs at its start when ``PYTHONPATH`` finds them: never emulated.
+_AT_START = ("sitecustomize.py", "usercustomize.py")
+
+
 def forkable(env: dict[str, str], server_env: dict[str, str]) -> bool:
     """Whether a fork of a server started with ``server_env`` starts like a program run
     with ``env`` would."""
+    emulated = not any(server_env.get(k) for k in _EMULATED)
+
     def startup(e: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in e.items() if k.startswith(_STARTUP_PREFIXES)}
-    return startup(env) == startup(server_env)
+        return {k: v for k, v in e.items() if k.startswith(_STARTUP_PREFIXES)
+                and not (emulated and k in _EMULATED)}
+    if startup(env) != startup(server_env):
+        return False
+    folders = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return not any((Path(f) / name).exists() for f in folders for name in _AT_START)
+
+
+def _as_started(env: dict[str, str]) -> None:
+    """In the forked process: ``PYTHONPATH`` and ``PYTHONDONTWRITEBYTECODE`` of ``env`` as
+    the interpreter applies them at its start (the folders, absolute, after the first
+    entry of ``sys.path``, the script's own)."""
+    folders = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = folders
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
 
 
 # ---- the server (python -m tests.forkserver FD) -----------------------------------------------
@@ -67,6 +91,7 @@ def _run_supervisor(request: dict[str, Any]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _as_started(request["env"])
     sys.argv = ["atlantis-supervise", *request["argv"]]
     try:
         main(args=request["argv"], prog_name="atlantis-supervise")
