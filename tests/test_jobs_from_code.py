@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -377,6 +380,22 @@ def test_tide_db_server_status_and_stop(home: Path, supervise: Any, db_url: str)
     assert f":{sup.pid} (database postgres); stop it first, or use --force" in refused.stderr
     assert refused.stderr.startswith("tide: 1 supervisor uses the embedded PostgreSQL: ")
     assert tide("status").stdout.startswith("the embedded PostgreSQL runs")
+    # Killed with -9: its row has not expired, but its process on this host is gone. A live
+    # process of this host with a row (this test's own) still holds the server.
+    sup.signal(signal.SIGKILL)
+    sup.wait()
+    here = socket.gethostname()
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM atlantis.workers WHERE pid = %s AND "
+                            "expires_at > now()", (sup.pid,)).fetchone() == (1,)
+        conn.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, "
+                     "expires_at) VALUES (%s, %s, %s, '{tests}', 1, now() + interval '1 hour')",
+                     (f"{here}:{os.getpid()}:ab", here, os.getpid()))
+    refused = tide("stop")
+    assert refused.returncode == 1
+    assert refused.stderr == (f"tide: 1 supervisor uses the embedded PostgreSQL: "
+                              f"{here}:{os.getpid()} (database postgres); stop it first, or use "
+                              f"--force\n"), refused.stderr
     # A URL naming another server (the suite's): both say so, exit 2.
     other = run_tide(["--database-url", db_url, "db", "server", "status"], check=False, env=env)
     assert (other.returncode, other.stderr) == (2, NOT_EMBEDDED + "\n")

@@ -10,6 +10,7 @@ naming another server, both say so in one line and exit 2.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,9 @@ def _version(data: Path, found: Running | None) -> str | None:
 
 
 def _supervisors(found: Running) -> list[str]:
-    """``host:pid (database)`` of each live supervisor in any database of the server."""
+    """``host:pid (database)`` of each live supervisor in any database of the server: a
+    row that has not expired, unless it names a process of this host that is gone."""
+    here = socket.gethostname()
     users: list[str] = []
     try:
         with psycopg.connect(found.url(), autocommit=True) as conn:
@@ -157,6 +160,8 @@ def _supervisors(found: Running) -> list[str]:
                 if not has or not has[0]:
                     continue
                 for _id, host, pid in conn.execute(Q.server_supervisors):
+                    if host == here and not homes.alive(pid):
+                        continue  # killed (kill -9) on this host, its row not expired yet
                     users.append(f"{host}:{pid} (database {name})")
         except psycopg.Error:
             continue  # a database that went away meanwhile, or refuses us

@@ -83,6 +83,11 @@ def running(data: Path) -> bool:
         pid = int(pid_file.read_text().split("\n", 1)[0])
     except (FileNotFoundError, ValueError):
         return False
+    return alive(pid)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` of this host is alive (one of another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
