@@ -407,11 +407,19 @@ def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
 
 def wait_state(conn: psycopg.Connection[Any], job_id: int, *states: str,
                timeout: float = 30.0) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+
     def check() -> dict[str, Any] | None:
         row = job_row(conn, job_id)
+        last.update(row)
         return row if row["state"] in states else None
 
-    result: dict[str, Any] = wait_for(check, timeout, message=f"job {job_id} in {states}")
+    try:
+        result: dict[str, Any] = wait_for(check, timeout, message=f"job {job_id} in {states}")
+    except pytest.fail.Exception as exc:  # say where the row stood: a flake is read from it
+        seen = {k: last.get(k) for k in ("state", "attempt", "claimed_by", "claimed_until",
+                                         "run_at", "last_error", "suspended_for")}
+        raise pytest.fail.Exception(f"{exc}; the row at the end: {seen}") from None
     return result
 
 
