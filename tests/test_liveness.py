@@ -118,17 +118,19 @@ def test_a_stopped_supervisor_is_waited_for_until_its_lease_ends(
 def _forge(db: psycopg.Connection[Any], key: str, worker: str, *, host: str, boot: str | None,
            pid: int, lease: float = 60) -> int:
     """A job running under the worker row ``worker``, written by hand: a supervisor that no
-    process of this test runs."""
-    job_id = atlantis.enqueue(db, "tests.Echo", {"key": key})
-    db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, expires_at, "
-               "seen_at, liveness_interval, boot_id) VALUES (%s, %s, %s, '{tests}', 1, "
-               "now() - interval '1 minute', now() - interval '90 seconds', 1, %s)",
-               (worker, host, pid, boot))
-    db.execute("UPDATE atlantis.jobs SET state = 'running', attempt = 1, max_attempts = 3, "
-               "claimed_by = %s, "
-               "claimed_until = now() + make_interval(secs => %s), started_at = now() "
-               "WHERE id = %s", (worker, lease, job_id))
-    db.commit()
+    process of this test runs. One transaction: a supervisor running meanwhile never sees
+    the job available (it claimed and finished one once, and the update then broke the
+    finished row's check)."""
+    with db.transaction():
+        job_id = atlantis.enqueue(db, "tests.Echo", {"key": key})
+        db.execute("INSERT INTO atlantis.workers (id, host, pid, queues, concurrency, "
+                   "expires_at, seen_at, liveness_interval, boot_id) VALUES (%s, %s, %s, "
+                   "'{tests}', 1, now() - interval '1 minute', now() - interval '90 seconds', "
+                   "1, %s)", (worker, host, pid, boot))
+        db.execute("UPDATE atlantis.jobs SET state = 'running', attempt = 1, max_attempts = 3, "
+                   "claimed_by = %s, "
+                   "claimed_until = now() + make_interval(secs => %s), started_at = now() "
+                   "WHERE id = %s", (worker, lease, job_id))
     return job_id
 
 
