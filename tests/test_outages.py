@@ -423,6 +423,18 @@ def test_gives_up_on_an_unreachable_database_after_the_startup_timeout(
     assert "database unreachable" in sup.log() and "Connection refused" in sup.log(), sup.log()
 
 
+def test_the_wait_for_the_database_never_sleeps_a_negative_time() -> None:
+    """The startup's wait sleeps in steps until its end; the clock read twice (once to test
+    the end, once for the step) let a step come out negative past the end, and the
+    supervisor died of a ValueError instead of saying the database was unreachable (a full
+    run's failure of the test above). Waits of a few hundred nanoseconds make that likely."""
+    from atlantis.supervisor.cli import _sleep_unless
+
+    sleep = _sleep_unless([])
+    for i in range(20_000):
+        sleep(1e-7 * (i % 10))
+
+
 def test_a_stop_signal_ends_the_wait_for_the_database(
     db_url: str, proxy: Proxy, start: Callable[..., Supervisor]
 ) -> None:

@@ -200,7 +200,7 @@ def _sleep_unless(early: list[int]) -> Callable[[float], None]:
 
     def sleep(seconds: float) -> None:
         end = time.monotonic() + seconds
-        while not early and time.monotonic() < end:
-            time.sleep(min(0.1, end - time.monotonic()))
+        while not early and (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))  # one reading of the clock: never a negative sleep
 
     return sleep
