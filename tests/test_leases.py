@@ -378,6 +378,41 @@ def test_lost_lease_kills_the_child_and_writes_nothing(db: psycopg.Connection[An
     assert row["state"] == "running" and row["claimed_by"] == "intruder" and row["errors"] == []
 
 
+def test_an_attempt_started_beside_a_long_one_gets_its_renewals_and_timeout_at_once(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """The lease and limit checks skip ticks where no attempt in flight is due (their
+    soonest time, ``attempts.Soonest``). A long attempt with a slow heartbeat (9 s: next
+    renewal 3 s away, timeout a minute away) runs first; an attempt started beside it must
+    be looked at by both at once: a 3 s lease renewed every second (were it first looked at
+    with the long one's renewal, it would be lost after 1.8 s) and a 1 s timeout kept."""
+    long_id = atlantis.enqueue(db, "tests.SleepSteady", {"key": "long", "seconds": 20})
+    supervise(concurrency=3)
+    wait_state(db, long_id, "running")
+    sleep_id = atlantis.enqueue(db, "tests.Sleep", {"key": "beside", "seconds": 5})
+    slow_id = atlantis.enqueue(db, "tests.Slow", {"key": "slow", "mode": "plain"})
+    row = wait_state(db, sleep_id, "complete", timeout=30)
+    assert row["attempt"] == 1 and row["errors"] == []
+    row = wait_state(db, slow_id, "dead", timeout=30)
+    assert [e["kind"] for e in row["errors"]] == ["timeout", "timeout"]
+    assert job_row(db, long_id)["state"] == "running"  # still going: it was beside them
+
+
+def test_the_soonest_look_is_skipped_only_while_nothing_asked_again() -> None:
+    from atlantis.supervisor.attempts import Attempt, Soonest
+
+    soonest = Soonest()
+    assert soonest.due(0.0)  # the first tick walks
+    soonest.seen(10.0)
+    assert not soonest.due(5.0)
+    assert soonest.due(10.0)  # the soonest time came
+    soonest.seen(10.0)
+    Attempt.looks += 1  # what Attempt.look_again does
+    assert soonest.due(5.0)
+    soonest.seen(10.0)
+    assert not soonest.due(5.0)
+
+
 def test_timeout_kills_a_stubborn_handler_and_its_grandchild(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from atlantis.protocol.messages import Cancel, Stopping
 from atlantis.store.supervision import ClaimedRow, Progress
@@ -47,10 +47,10 @@ class Attempt:
     child_pid: int | None = None
     next_check: float = 0.0
     """Before this (monotonic) no limit of it can be due (:meth:`Enforcement.check`).
-    Whatever makes one due sooner resets it to 0."""
+    Whatever makes one due sooner resets it, through :meth:`look_again`."""
     next_renewal: float = 0.0
-    """Before this no renewal or checkpoint write of it can be due (:meth:`Leases.due`).
-    A new checkpoint resets it to 0."""
+    """Before this no renewal or checkpoint write of it can be due (:meth:`Leases.check`).
+    A new checkpoint resets it, through :meth:`look_again`."""
     stopping_sent: bool = False
     """The handler was told the supervisor is draining (``ctx.stopping``): once."""
     log_lines: int = 0
@@ -73,6 +73,21 @@ class Attempt:
     queue: str = field(init=False)
     heartbeat: float = field(init=False)
     timeout: float = field(init=False)
+
+    looks: ClassVar[int] = 0
+    """How many times an attempt of this process asked :meth:`look_again`: the services that
+    check every attempt in flight each tick skip the tick while it has not changed and none
+    of them is due (:class:`Soonest`)."""
+
+    def look_again(self, *, limits: bool = False, lease: bool = False) -> None:
+        """Something made this attempt's limits (``limits``) or its lease or checkpoint
+        (``lease``) need a look at the next tick: the one way ``next_check`` and
+        ``next_renewal`` move earlier."""
+        if limits:
+            self.next_check = 0.0
+        if lease:
+            self.next_renewal = 0.0
+        Attempt.looks += 1
 
     def __post_init__(self) -> None:
         row = self.row
@@ -118,7 +133,7 @@ class Attempt:
         if self.cancel_heard_at is not None:
             return False
         self.cancel_heard_at = now
-        self.next_check = 0.0
+        self.look_again(limits=True)
         if self.child is not None:
             self.child.send(Cancel(job_id=self.row.id))
         return True
@@ -130,7 +145,7 @@ class Attempt:
         SIGTERM starts the kill grace (a drain first tells the handler, ``ctx.stopping``);
         SIGKILL ends it at once.
         """
-        self.next_check = 0.0
+        self.look_again(limits=True)
         if self.stop_reason is None:
             self.stop_reason = reason
             self.stop_detail = detail
@@ -158,4 +173,26 @@ class Attempt:
         if not self.checkpoint_dirty:
             self.checkpoint_dirty = True
             self.checkpoint_since = now
-            self.next_renewal = 0.0
+            self.look_again(lease=True)
+
+
+class Soonest:
+    """When a service that looks at every attempt in flight each tick next has to: the
+    earliest of their times (``next_check`` or ``next_renewal``) at its last whole pass,
+    unless an attempt asked :meth:`Attempt.look_again` since. With hundreds of long
+    attempts, a tick where none is due costs a comparison, not a walk over all of them."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self._looks = -1
+
+    def due(self, now: float) -> bool:
+        """Whether the pass of this tick must walk the attempts (it then calls :meth:`seen`
+        with the earliest time it found)."""
+        if now < self.at and self._looks == Attempt.looks:
+            return False
+        self._looks = Attempt.looks
+        return True
+
+    def seen(self, at: float) -> None:
+        self.at = at

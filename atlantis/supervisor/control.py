@@ -22,6 +22,7 @@ import logging
 import orjson
 
 from atlantis.store import supervision as sql
+from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -112,11 +113,15 @@ class Control(Service):
         so the poll runs only while another attempt is in flight.
         """
         rt = self.rt
+        looks, needed = -1, True
         while True:
             await asyncio.sleep(rt.settings.cancel_poll)
-            every = rt.settings.cancel_poll
-            if not any(not a.cancelling and a.heartbeat / 3 > every
-                       for a in rt.ledger.in_flight.values()):
+            if looks != Attempt.looks:  # an attempt started or heard a cancel since: ask again
+                looks = Attempt.looks
+                every = rt.settings.cancel_poll
+                needed = any(not a.cancelling and a.heartbeat / 3 > every
+                             for a in rt.ledger.in_flight.values())
+            if not needed:
                 continue
             try:
                 job_ids = await sql.cancel_requests(self.db_poll, rt.worker_id)

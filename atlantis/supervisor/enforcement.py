@@ -15,7 +15,7 @@ import signal
 
 from atlantis.child.tree import last_pid
 from atlantis.supervisor import policy
-from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.attempts import Attempt, Soonest
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.units import format_duration, format_size
@@ -40,11 +40,16 @@ class Enforcement(Service):
         rt = self.rt
         s = rt.settings
         last_memory = 0.0
+        soonest = Soonest()
         while True:
             now = rt.now()
-            for a in list(self.ledger.in_flight.values()):
-                if now >= a.next_check:
-                    self.check(a, now)
+            if soonest.due(now):
+                at = math.inf
+                for a in list(self.ledger.in_flight.values()):
+                    if now >= a.next_check:
+                        self.check(a, now)
+                    at = min(at, a.next_check)
+                soonest.seen(at)
             if s.max_memory_per_child and now - last_memory >= s.memory_interval:
                 last_memory = now
                 self._check_memory()

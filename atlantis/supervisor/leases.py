@@ -18,7 +18,7 @@ import math
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import Renewal
 from atlantis.supervisor import policy
-from atlantis.supervisor.attempts import Attempt
+from atlantis.supervisor.attempts import Attempt, Soonest
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
@@ -40,12 +40,17 @@ class Leases(Service):
 
     async def _renew_loop(self) -> None:
         rt = self.rt
+        soonest = Soonest()
         while True:
             now = rt.now()
             due = False
-            for a in list(self.ledger.in_flight.values()):
-                if now >= a.next_renewal:
-                    due = self.check(a, now) or due
+            if soonest.due(now):
+                at = math.inf
+                for a in list(self.ledger.in_flight.values()):
+                    if now >= a.next_renewal:
+                        due = self.check(a, now) or due
+                    at = min(at, a.next_renewal)
+                soonest.seen(at)
             if due and (self._renewing is None or self._renewing.done()):
                 batch = self._due(now)
                 if batch:
@@ -62,10 +67,16 @@ class Leases(Service):
         if a.lost:
             a.next_renewal = math.inf
             return False
+        lose_at = a.lease_end - policy.lease_margin(a.heartbeat)
+        if self._renewing is not None and not self._renewing.done():
+            # A renewal is on its way: until it is answered (and :meth:`_renew` asks for a
+            # look at every attempt again), only the loss of this lease can come due.
+            a.next_renewal = lose_at
+            return False
         interval = self.rt.settings.progress_interval
         renew_at = a.renewed_at + a.heartbeat / 3
         flush_at = a.checkpoint_since + interval if a.checkpoint_dirty else math.inf
-        a.next_renewal = min(a.lease_end - policy.lease_margin(a.heartbeat), renew_at, flush_at)
+        a.next_renewal = min(lose_at, renew_at, flush_at)
         return not a.finished and now >= min(renew_at, flush_at)
 
     def _due(self, now: float) -> list[Attempt]:
@@ -76,6 +87,13 @@ class Leases(Service):
                 and now - a.checkpoint_since >= self.rt.settings.progress_interval]
 
     async def _renew(self, batch: list[Attempt]) -> None:
+        try:
+            await self._renew_batch(batch)
+        finally:
+            for a in list(self.ledger.in_flight.values()):  # each looked at afresh
+                a.look_again(lease=True)
+
+    async def _renew_batch(self, batch: list[Attempt]) -> None:
         rt = self.rt
         t0 = rt.now()
         # The renewal must be answered before the first of these attempts is killed for want
@@ -105,7 +123,7 @@ class Leases(Service):
                 if r.progress is not None and not a.checkpoint_dirty:
                     a.checkpoint_dirty = True
                     a.checkpoint_since = t0
-                    a.next_renewal = 0.0
+                    a.look_again(lease=True)
             return
         rt.metrics.renewals.inc()
         rt.metrics.leases_renewed.inc(len(rows))

@@ -201,7 +201,7 @@ class Pool(Service):
         a.child = child
         a.child_pid = child.pid or None
         a.started = self.rt.now()
-        a.next_check = a.next_renewal = 0.0  # its timeout counts from now
+        a.look_again(limits=True, lease=True)  # its timeout counts from now
         row = a.row
         child.set_lease(a.lease_end, row.heartbeat)  # before the Run: never an older attempt's end
         child.send(Run(
