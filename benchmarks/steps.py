@@ -2,7 +2,7 @@
 ``ctx.sleep`` cost, with real supervisors on scratch databases of the embedded server.
 
     python -m benchmarks.steps [--steps 10000] [--hold-at 9000] [--accounts 8]
-        [--contacts 5000] [--import-rounds 4] [--sleepers 10000] [--jobs 20000] [--rounds 4]
+        [--contacts 5000] [--import-rounds 4] [--page-delays 0,0.01] [--sleepers 10000] [--jobs 20000] [--rounds 4]
         [--parts commits,resume,import,asleep]
 
 Every part starts ``atlantis-supervise --queue bench --app benchmarks.steps_app:registry
@@ -27,7 +27,10 @@ by its pid; the handlers are ``benchmarks/steps_app.py``'s.
    written as the guide writes it (``bench.ImportState``: a state table) and with one
    transaction step a page (``bench.ImportSteps``); rounds taking turns, each on a fresh
    database: seconds from the first claim to the last finish (the jobs' own timestamps).
-   Target: the steps at least as fast (ratio state ÷ steps at least 1). Then one page's
+   Target: the steps at least as fast (ratio state ÷ steps at least 1). Once for each of
+   ``--page-delays`` (default ``0,0.01``): a CRM answering at once (the run is bound by
+   the CPU, the harshest case for the steps' fence and record) and one taking 10 ms a page,
+   as the example's own fake CRM does by default (a slow upstream: the guide's subject). Then one page's
    writes (100 upserts) from this process, on a connection with psycopg's defaults and on
    one with the step connection's options (nothing prepared).
 4. **asleep**: ``--sleepers`` ``bench.Asleep`` jobs put to sleep for an hour (a supervisor
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contacts", type=int, default=5000, help="contacts an account")
     parser.add_argument("--import-rounds", type=int, default=4)
     parser.add_argument("--import-concurrency", type=int, default=4)
+    parser.add_argument("--page-delays", default="0,0.01",
+                        help="seconds the fake CRM takes to answer a page, one import part "
+                             "for each (0: bound by the CPU)")
     parser.add_argument("--sleepers", type=int, default=10000, help="jobs asleep beside")
     parser.add_argument("--jobs", type=int, default=20000, help="plain jobs a drain beside")
     parser.add_argument("--rounds", type=int, default=4, help="drains with and without")
@@ -257,14 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     if opts.steps < 2 or min(opts.accounts, opts.contacts, opts.import_rounds, opts.sleepers,
                              opts.jobs, opts.rounds, opts.concurrency) < 1:
         parser.error("--steps must be at least 2, every other count at least 1")
+    try:
+        delays = [float(d) for d in opts.page_delays.split(",") if d.strip()]
+    except ValueError:
+        parser.error(f"--page-delays: {opts.page_delays!r} is not a list of seconds (0,0.01)")
+    if not delays or min(delays) < 0:
+        parser.error("--page-delays needs at least one delay, none negative")
     out: list[str] = []
     if "commits" in parts:
         out += commits_part(opts.steps, opts.concurrency)
     if "resume" in parts:
         out += resume_part(opts.steps, hold_at, opts.concurrency)
     if "import" in parts:
-        out += import_part(opts.accounts, opts.contacts, opts.import_rounds,
-                           opts.import_concurrency)
+        for delay in delays:
+            out += import_part(opts.accounts, opts.contacts, opts.import_rounds,
+                               opts.import_concurrency, delay)
     if "asleep" in parts:
         out += asleep_part(opts.sleepers, opts.jobs, opts.rounds, opts.concurrency)
     print("\n" + header() + "\n")
