@@ -386,7 +386,7 @@ def test_an_attempt_started_beside_a_long_one_gets_its_renewals_and_timeout_at_o
     renewal 3 s away, timeout a minute away) runs first; an attempt started beside it must
     be looked at by both at once: a 3 s lease renewed every second (were it first looked at
     with the long one's renewal, it would be lost after 1.8 s) and a 1 s timeout kept."""
-    long_id = atlantis.enqueue(db, "tests.SleepSteady", {"key": "long", "seconds": 20})
+    long_id = atlantis.enqueue(db, "tests.SleepSteady", {"key": "long", "seconds": 45})
     supervise(concurrency=3)
     wait_state(db, long_id, "running")
     sleep_id = atlantis.enqueue(db, "tests.Sleep", {"key": "beside", "seconds": 5})
