@@ -2,8 +2,8 @@
 ``ctx.sleep`` cost, with real supervisors on scratch databases of the embedded server.
 
     python -m benchmarks.steps [--steps 10000] [--hold-at 9000] [--accounts 8]
-        [--contacts 5000] [--import-rounds 4] [--page-delays 0,0.01] [--sleepers 10000] [--jobs 20000] [--rounds 4]
-        [--parts commits,resume,import,asleep]
+        [--contacts 5000] [--import-rounds 4] [--page-delays 0,0.01] [--sleepers 10000]
+        [--jobs 20000] [--rounds 4] [--parts commits,resume,import,asleep]
 
 Every part starts ``atlantis-supervise --queue bench --app benchmarks.steps_app:registry
 --isolation reuse`` (``--concurrency 8``; the import ``--import-concurrency 4``) and stops it
@@ -29,10 +29,11 @@ by its pid; the handlers are ``benchmarks/steps_app.py``'s.
    database: seconds from the first claim to the last finish (the jobs' own timestamps).
    Target: the steps at least as fast (ratio state ÷ steps at least 1). Once for each of
    ``--page-delays`` (default ``0,0.01``): a CRM answering at once (the run is bound by
-   the CPU, the harshest case for the steps' fence and record) and one taking 10 ms a page,
-   as the example's own fake CRM does by default (a slow upstream: the guide's subject). Then one page's
-   writes (100 upserts) from this process, on a connection with psycopg's defaults and on
-   one with the step connection's options (nothing prepared).
+   the CPU, the harshest case for the steps' fence and record) and one taking 10 ms a
+   page, as the example's own fake CRM does by default (a slow upstream: the guide's
+   subject). After the CPU-bound one, one page's writes (100 upserts) from this process, on
+   a connection with psycopg's defaults and on one with the step connection's options
+   (nothing prepared).
 4. **asleep**: ``--sleepers`` ``bench.Asleep`` jobs put to sleep for an hour (a supervisor
    runs each once), then ``--jobs`` ``bench.Noop`` drained beside them against the same
    drain on a database without them; both databases kept across the rounds, which take

@@ -107,9 +107,9 @@ def import_part(accounts: int, contacts: int, rounds: int, concurrency: int,
         return head
     say("import: one page's writes from this process, prepared and not ...")
     prepared, unprepared = page_writes()
-    return head + [f"A page's writes (100 upserts) from this process: {prepared:.2f} ms on a "
-            f"connection with psycopg's defaults (statements prepared after 5 uses), "
-            f"{unprepared:.2f} ms with the step connection's options (none prepared)."]
+    return head + [f"A page's writes (100 upserts) from this process: {prepared:.2f} ms on "
+                   f"a connection with psycopg's defaults (statements prepared after 5 uses), "
+                   f"{unprepared:.2f} ms with the step connection's options (none prepared)."]
 
 
 def put_to_sleep(url: str, sleepers: int, concurrency: int) -> float:
