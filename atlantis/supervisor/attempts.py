@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import signal
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -196,3 +198,17 @@ class Soonest:
 
     def seen(self, at: float) -> None:
         self.at = at
+
+    def walk(self, now: float, attempts: Iterable[Attempt],
+             when: Callable[[Attempt], float]) -> Iterator[Attempt]:
+        """The attempts due at ``now`` by ``when`` (their ``next_check`` or ``next_renewal``),
+        none on a tick that is skipped. The caller looks at each before the next is given
+        (and may move its time); the soonest time is taken after that."""
+        if not self.due(now):
+            return
+        at = math.inf
+        for a in list(attempts):
+            if now >= when(a):
+                yield a
+            at = min(at, when(a))
+        self.seen(at)

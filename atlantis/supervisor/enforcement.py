@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import signal
+from operator import attrgetter
 
 from atlantis.child.tree import last_pid
 from atlantis.supervisor import policy
@@ -21,6 +22,7 @@ from atlantis.supervisor.service import Loop, Service
 from atlantis.units import format_duration, format_size
 
 log = logging.getLogger("atlantis.supervisor")
+NEXT_CHECK = attrgetter("next_check")
 
 
 class Enforcement(Service):
@@ -43,13 +45,8 @@ class Enforcement(Service):
         soonest = Soonest()
         while True:
             now = rt.now()
-            if soonest.due(now):
-                at = math.inf
-                for a in list(self.ledger.in_flight.values()):
-                    if now >= a.next_check:
-                        self.check(a, now)
-                    at = min(at, a.next_check)
-                soonest.seen(at)
+            for a in soonest.walk(now, self.ledger.in_flight.values(), NEXT_CHECK):
+                self.check(a, now)
             if s.max_memory_per_child and now - last_memory >= s.memory_interval:
                 last_memory = now
                 self._check_memory()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from operator import attrgetter
 
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import Renewal
@@ -24,6 +25,7 @@ from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 
 log = logging.getLogger("atlantis.supervisor")
+NEXT_RENEWAL = attrgetter("next_renewal")
 
 
 class Leases(Service):
@@ -44,13 +46,8 @@ class Leases(Service):
         while True:
             now = rt.now()
             due = False
-            if soonest.due(now):
-                at = math.inf
-                for a in list(self.ledger.in_flight.values()):
-                    if now >= a.next_renewal:
-                        due = self.check(a, now) or due
-                    at = min(at, a.next_renewal)
-                soonest.seen(at)
+            for a in soonest.walk(now, self.ledger.in_flight.values(), NEXT_RENEWAL):
+                due = self.check(a, now) or due
             if due and (self._renewing is None or self._renewing.done()):
                 batch = self._due(now)
                 if batch:
