@@ -111,6 +111,38 @@ def run_round(env: Env, free: System, limited: System, jobs: int, accounts: int,
     return got["free"], got["limited"]
 
 
+def beside_systems(free: System) -> tuple[System, System]:
+    """``--beside``'s two systems: ``free`` serving the beside queue too, and the same with
+    the app that declares a limited job there."""
+    served = [*free.worker_args, "--queue", BESIDE_QUEUE]
+    free = dataclasses.replace(free, worker_args=served)
+    return free, dataclasses.replace(free, key=f"{free.key}-beside",
+                                     worker_args=[*served, "--app", BESIDE_APP])
+
+
+def rounds(env: Env, concurrency: int, jobs: int, count: int, accounts: int = 100,
+           beside: bool = False) -> list[tuple[Result, Result]]:
+    """``count`` rounds taking turns (free limited, limited free, ...): the limited drain
+    against the free one, or with ``beside`` the plain drain beside a limited job against
+    the app without it. Each round's (free, limited)."""
+    free = atlantis_system(concurrency)
+    limited = limited_system(free)
+    fill: Fill | None = None
+    if beside:
+        free, limited = beside_systems(free)
+        fill = enqueue_beside
+    return [run_round(env, free, limited, jobs, accounts,
+                      ("free", "limited") if i % 2 == 0 else ("limited", "free"), fill)
+            for i in range(count)]
+
+
+def median_ratio(got: list[tuple[Result, Result]]) -> tuple[float, float, float] | None:
+    """The median, lowest and highest of the rounds' limited ÷ free jobs/s."""
+    ratios = [r for r in (quotient(b.jobs_per_s, a.jobs_per_s) for a, b in got)
+              if r is not None]
+    return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
+
+
 def rounds_table(rounds: list[tuple[Result, Result]]) -> str:
     rows = [["round", "free jobs/s", "limited jobs/s", "limited ÷ free",
              "CPU ms per job, free / limited (ratio)", "enqueue rows/s, free / limited",
@@ -125,10 +157,10 @@ def rounds_table(rounds: list[tuple[Result, Result]]) -> str:
             f"{fmt(free.jobs / free.enqueue_s if free.enqueue_s else None, ',.0f', '—')} / "
             f"{fmt(limited.jobs / limited.enqueue_s if limited.enqueue_s else None, ',.0f', '—')}",
             "; ".join(filter(None, [free.note, limited.note]))])
-    got = [r for r in (quotient(b.jobs_per_s, a.jobs_per_s) for a, b in rounds) if r is not None]
+    got = median_ratio(rounds)
     rows.append(["median", "", "",
-                 f"**{statistics.median(got):.2f}x** (range {min(got):.2f}–{max(got):.2f}x)"
-                 if got else "—", "", "", ""])
+                 f"**{got[0]:.2f}x** (range {got[1]:.2f}–{got[2]:.2f}x)" if got else "—",
+                 "", "", ""])
     return markdown(rows)
 
 
@@ -147,25 +179,16 @@ def main() -> None:
     if min(opts.jobs, opts.rounds, opts.concurrency, opts.accounts) < 1:
         parser.error("--jobs, --rounds, --concurrency and --accounts must be positive")
     env = Env(opts.poll, opts.timeout)
-    free = atlantis_system(opts.concurrency)
-    limited = limited_system(free)
-    fill: Fill | None = None
     what = (f"{opts.jobs:,} no-op jobs under `concurrency 1 by account` over "
             f"{opts.accounts:,} accounts against {opts.jobs:,} with no limit")
     if opts.beside:
-        served = [*free.worker_args, "--queue", BESIDE_QUEUE]
-        free = dataclasses.replace(free, worker_args=served)
-        limited = dataclasses.replace(free, key=f"{free.key}-beside",
-                                      worker_args=[*served, "--app", BESIDE_APP])
-        fill = enqueue_beside
         what = (f"{opts.jobs:,} no-op jobs, their app also declaring a limited job on another "
                 f"served queue (no row of it), against the same app without it")
     try:
-        rounds = [run_round(env, free, limited, opts.jobs, opts.accounts,
-                            ("free", "limited") if i % 2 == 0 else ("limited", "free"), fill)
-                  for i in range(opts.rounds)]
-        print("\n" + header(env, f"{what}, {free.settings}") + "\n")
-        print(rounds_table(rounds))
+        got = rounds(env, opts.concurrency, opts.jobs, opts.rounds, opts.accounts, opts.beside)
+        settings = got[0][0].system.settings if got else ""
+        print("\n" + header(env, f"{what}, {settings}") + "\n")
+        print(rounds_table(got))
         print(f"\nsupervisor logs: {env.logdir}")
     finally:
         env.close()

@@ -17,12 +17,16 @@ Runs, one after the other on the same embedded PostgreSQL server:
    and the scratch database's transactions and ``atlantis.jobs`` row updates per tick
    (``pg_stat_database``, ``pg_stat_user_tables``; the embedded server has no
    ``pg_stat_statements``);
-5. the standing targets of earlier rounds (left out with ``--no-standing``): the backlog
+5. the limits' paired rounds (``benchmarks/limits.py``), two of each, taking turns: the
+   limited drain (``concurrency 1 by account`` over 100 accounts, 10,000 jobs) against the
+   free one, and plain jobs beside a limited job with no row against the app without it
+   (N jobs);
+6. the standing targets of earlier rounds (left out with ``--no-standing``): the backlog
    sweep (atlantis reuse c8 with 10,000, 100,000 and 200,000 waiting) and the memory run
    (a 200,000-job drain at concurrency 16, the supervisor's RSS and one reused child's
    sampled against the drain's progress, first quarter vs last quarter);
 
-then prints the tables, issue 23's target table (measured; rung and aim, each with its
+then prints the tables, issue 38's target table (measured; rung and aim, each with its
 verdict), the standing targets, and the rows of the performance table of benchmarks/README.md
 (its "Latest side-by-side" section), between its marker lines. Benchmarks, not tests: the
 verdicts are printed, never asserted.
@@ -42,6 +46,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from benchmarks import limits
 from benchmarks.measure import cpu_seconds, percentile
 from benchmarks.runs import (
     Env,
@@ -73,6 +78,10 @@ TRIO_ROUNDS = 4
 #: 20,000 would take 4 minutes a drain.
 FORK_ROUNDS = 2
 FORK_JOBS = 5_000
+#: Paired rounds of each limits comparison, and the limited drain's jobs (it runs ~1,000
+#: jobs/s here).
+LIMIT_ROUNDS = 2
+LIMITED_JOBS = 10_000
 CHILD_MB = 25  # what one reused child costs, about
 HEARTBEAT = 3.0  # bench.Sleep's heartbeat (benchmarks/bench.atl); a renewal every third
 
@@ -206,6 +215,8 @@ class Run:
     forks: list[Round]
     fork_jobs: int
     leases: Leases
+    limited: list[tuple[Result, Result]] = dataclasses.field(default_factory=list)
+    beside: list[tuple[Result, Result]] = dataclasses.field(default_factory=list)
     sweep: list[Result] = dataclasses.field(default_factory=list)
     memory: Result | None = None
 
@@ -239,7 +250,7 @@ def rate_of(result: Result | None) -> float | None:
 
 
 def issue_rows(run: Run) -> list[list[str]]:
-    """Issue 23's target table: measured, then the rung and the aim, each with its verdict."""
+    """Issue 38's target table: measured, then the rung and the aim, each with its verdict."""
     rows = [list(ISSUE_HEAD)]
     atl, b10, b200 = (run.side_by_key(k) for k in TRIO)
     a, k10, k200 = TRIO
@@ -274,6 +285,8 @@ def issue_rows(run: Run) -> list[list[str]]:
         "≤ 3x pgqueuer batch 200", verdict(None if mc is None else mc <= 3.0),
         "≤ 2x", verdict(None if mc is None else mc <= 2.0)])
 
+    rows.extend(limit_rows(run))
+
     fresh, rq = (run.side_by_key(k) for k in FORKS)
     sf = quotient(rate_of(fresh), rate_of(rq))
     rf = round_ratios(run.forks, *FORKS)
@@ -300,12 +313,33 @@ def issue_rows(run: Run) -> list[list[str]]:
 
 
 def leases_row(leases: Leases) -> list[str]:
-    ok = verdict(None if leases.supervisor_pct is None else leases.supervisor_pct <= 5)
+    pct = leases.supervisor_pct
     return [f"{leases.concurrency} sleeping jobs, supervisor CPU",
-            f"{_f(leases.supervisor_pct)}% of a core over {leases.window_s:.0f} s "
+            f"{_f(pct)}% of a core over {leases.window_s:.0f} s "
             f"({leases.running} running, heartbeat 3 s)"
             + (f"; {leases.note}" if leases.note else ""),
-            "≤ 5% of a core", ok, "unchanged", ok]
+            "≤ 5% of a core", verdict(None if pct is None else pct <= 5),
+            "≤ 2%", verdict(None if pct is None else pct <= 2)]
+
+
+def limit_rows(run: Run) -> list[list[str]]:
+    """The limits' rows: plain jobs beside a limited job, and the limited drain, each the
+    median of its paired rounds (limited ÷ free jobs/s)."""
+    rows = []
+    for got, what, rung, aim in (
+            (run.beside, "plain jobs beside a limited job (no row of it) vs the app without "
+             "limits", 0.9, 1.0),
+            (run.limited, "limited drain (`concurrency 1 by account` over 100 keys) vs "
+             "unlimited", 0.6, 0.8)):
+        m = limits.median_ratio(got)
+        each = ", ".join(f"{_n(b.jobs_per_s)} vs {_n(a.jobs_per_s)}" for a, b in got)
+        jobs = got[0][0].jobs if got else 0
+        rows.append([what,
+                     (f"**{m[0]:.2f}x** (range {m[1]:.2f}–{m[2]:.2f}x), {len(got)} rounds of "
+                      f"{jobs:,} jobs taking turns: {each} jobs/s" if m else "—"),
+                     f"≥ {rung}x", verdict(None if m is None else m[0] >= rung),
+                     f"≥ {aim}x", verdict(None if m is None else m[0] >= aim)])
+    return rows
 
 
 def renewals_row(leases: Leases) -> list[str]:
@@ -412,6 +446,10 @@ def main(env: Env, jobs: int, latency: int, quick: bool, standing: bool = True) 
     t = time.monotonic()
     run = Run(jobs, side, trio, forks, fork_jobs, sleeping(env, quick))
     timed("leases", t)
+    t = time.monotonic()
+    run.limited = limits.rounds(env, 8, min(jobs, LIMITED_JOBS), LIMIT_ROUNDS)
+    run.beside = limits.rounds(env, 8, jobs, LIMIT_ROUNDS, beside=True)
+    timed("limits rounds", t)
     if standing:
         t = time.monotonic()
         run.sweep = backlog(env, backlog_sizes(quick))
@@ -433,7 +471,13 @@ def main(env: Env, jobs: int, latency: int, quick: bool, standing: bool = True) 
     if standing:
         print("\n### atlantis reuse c8 by backlog, and the memory run (c16)\n")
         print(table([*run.sweep, *([run.memory] if run.memory else [])]))
-    print("\n### Targets (issue 23)\n")
+    print("\n### The limited drain (`concurrency 1 by account` over 100 accounts) against "
+          "the free one, taking turns\n")
+    print(limits.rounds_table(run.limited))
+    print("\n### Plain jobs beside a limited job with no row (\"limited\") against the app "
+          "without it (\"free\"), taking turns\n")
+    print(limits.rounds_table(run.beside))
+    print("\n### Targets (issue 38)\n")
     print(markdown(issue_rows(run)))
     print("\n### Standing targets from earlier rounds\n")
     if not standing:
