@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import orjson
@@ -154,3 +155,28 @@ def test_a_batch_to_write_takes_its_workflows_in_one_order() -> None:
         ledger.end(a, policy.RELEASE)
     params = finish_params("w", [r for _, r in ledger.take_ended(10)])
     assert [r["id"] for r in orjson.loads(params["results"])] == [2, 3, 5, 1, 4]
+
+
+def test_the_per_tick_loops_wait_while_nothing_is_in_flight_and_wake_when_an_attempt_starts(
+        ) -> None:
+    """Ledger.tick: one tick while an attempt is in flight; while none is, it waits until
+    one starts (an idle supervisor's timeout, lease and status loops are not woken every
+    tick). ``idle`` is an hour here: only the start can end the wait."""
+    ledger, clock = _ledger()
+
+    async def scenario() -> None:
+        waiting = asyncio.create_task(ledger.tick(0.01, 3600.0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # nothing in flight: no tick
+        a = ledger.claimed(_row(1), clock())
+        ledger.started(a)
+        await asyncio.wait_for(waiting, 10)  # woken by the start
+        await asyncio.wait_for(ledger.tick(0.01, 3600.0), 10)  # in flight: a plain tick
+        ledger.end(a, policy.RELEASE)
+        again = asyncio.create_task(ledger.tick(0.01, 3600.0))
+        await asyncio.sleep(0.1)
+        assert not again.done()  # the last attempt left: waiting again
+        ledger.started(ledger.claimed(_row(2), clock()))
+        await asyncio.wait_for(again, 10)
+
+    asyncio.run(scenario())

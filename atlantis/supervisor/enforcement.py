@@ -8,7 +8,6 @@ attempts, most ticks look at none. Leases are :mod:`leases`' business.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import signal
@@ -17,6 +16,7 @@ from operator import attrgetter
 from atlantis.child.tree import last_pid
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempts import Attempt, Soonest
+from atlantis.supervisor.ledger import IDLE_TICK
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.units import format_duration, format_size
@@ -52,7 +52,7 @@ class Enforcement(Service):
                 self._check_memory()
             if s.max_tasks_per_child:
                 self._check_tasks()
-            await asyncio.sleep(s.tick)
+            await self.ledger.tick(s.tick, IDLE_TICK)
 
     def check(self, a: Attempt, now: float) -> None:
         """Stop ``a`` if one of its limits is reached; set when it next needs a look."""

@@ -21,6 +21,7 @@ from atlantis.store.supervision import Renewal
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempts import Attempt, Soonest
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
+from atlantis.supervisor.ledger import IDLE_TICK
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 
@@ -52,7 +53,7 @@ class Leases(Service):
                 batch = self._due(now)
                 if batch:
                     self._renewing = asyncio.create_task(self._renew(batch), name="leases.renew")
-            await asyncio.sleep(rt.settings.tick)
+            await self.ledger.tick(rt.settings.tick, IDLE_TICK)
 
     def check(self, a: Attempt, now: float) -> bool:
         """True if ``a``'s lease or checkpoint should be written now; a lease past saving is

@@ -16,6 +16,7 @@ NOTIFY, a renewal, the poll).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from collections import deque
@@ -28,6 +29,10 @@ from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.settings import Settings
 from atlantis.supervisor.tracing import Tracing
 from atlantis.units import format_duration
+
+#: At most how long a loop that looks at each attempt in flight every tick waits while none
+#: is (:meth:`Ledger.tick`): the start of one wakes it at once.
+IDLE_TICK = 1.0
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -44,6 +49,9 @@ class Ledger:
         """Claimed ahead of need, oldest first. Their leases are not renewed: each is
         started or given back within ``claim_ahead_hold``, well inside its first lease."""
         self.in_flight: dict[int, Attempt] = {}
+        self.flying = asyncio.Event()
+        """Set while an attempt is in flight: the loops that look at each one every tick
+        wait on it while none is (:meth:`tick`)."""
         self.ended: list[tuple[Attempt, Result]] = []
         """Outcomes decided, not yet taken by the completer."""
         self.writing: list[tuple[Attempt, Result]] = []
@@ -124,6 +132,18 @@ class Ledger:
 
     def started(self, a: Attempt) -> None:
         self.in_flight[a.job_id] = a
+        self.flying.set()
+
+    async def tick(self, tick: float, idle: float) -> None:
+        """A tick of a loop that looks at each attempt in flight; while none is, until one
+        starts (at most ``idle``): an idle supervisor is not woken by them every tick."""
+        if self.in_flight:
+            await asyncio.sleep(tick)
+            return
+        try:
+            await asyncio.wait_for(self.flying.wait(), idle)
+        except TimeoutError:
+            pass
 
     def attempt_of(self, job_id: int, child: object) -> Attempt | None:
         """The attempt in flight for ``job_id`` if it runs in ``child``."""
@@ -165,6 +185,8 @@ class Ledger:
     def end(self, a: Attempt, outcome: policy.Verdict) -> None:
         """The attempt ended (or was given back): out of flight, its outcome to be written."""
         self.in_flight.pop(a.job_id, None)
+        if not self.in_flight:
+            self.flying.clear()
         a.finished = True
         self.on_change()
         self.metrics.attempt_ended(a.queue, a.job, "lost" if a.lost else outcome.label,

@@ -155,7 +155,8 @@ class Presence(Service):
                 f"{len(rt.ledger.in_flight)}/{rt.settings.concurrency} in flight{db}")
 
     async def _status_loop(self) -> None:
-        """STATUS follows the in-flight count (at most once a tick); WATCHDOG from here."""
+        """STATUS follows the in-flight count (at most once a tick); WATCHDOG from here.
+        While no attempt is in flight it wakes only when one of them is due or one starts."""
         rt = self.rt
         last_status = last_watchdog = rt.now()
         last_in_flight = -1
@@ -173,4 +174,8 @@ class Presence(Service):
             if wd is not None and now - last_watchdog >= wd:
                 last_watchdog = now
                 rt.notifier.notify("WATCHDOG=1")
-            await asyncio.sleep(rt.settings.tick)
+            # Idle: nothing to say before the next refresh or watchdog, or an attempt's start.
+            due = last_status + rt.settings.worker_refresh
+            if wd is not None:
+                due = min(due, last_watchdog + wd)
+            await rt.ledger.tick(rt.settings.tick, max(rt.settings.tick, due - rt.now()))
