@@ -49,6 +49,8 @@ class AttemptLogs(Service):
         # By (job id, run, attempt): run 2's attempt 1 is not run 1's.
         self._kept: dict[tuple[int, int, int], _Kept] = {}
         self._ended: set[tuple[int, int, int]] = set()
+        self._lines = asyncio.Event()
+        """Set when a line is kept: the flush loop waits for it while nothing is."""
 
     def loops(self) -> list[Loop]:
         return [self._flush_loop]
@@ -67,6 +69,7 @@ class AttemptLogs(Service):
         size = len(text.encode("utf-8", "replace")) + 1
         kept.pending.append((datetime.now(UTC), stream, text, size))
         kept.bytes += size
+        self._lines.set()
         while kept.bytes > self.budget:
             if kept.written:
                 kept.bytes -= kept.written.popleft()
@@ -86,6 +89,9 @@ class AttemptLogs(Service):
 
     async def _flush_loop(self) -> None:
         while True:
+            if not self._kept:  # nothing to write, trim or forget: wait for a line
+                self._lines.clear()
+                await self._lines.wait()
             await asyncio.sleep(self.rt.settings.log_flush_interval)
             await self.flush()
 
