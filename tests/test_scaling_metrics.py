@@ -8,10 +8,12 @@ and ``tide queue signal``: tests/test_queue_signal.py.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import socket
 import subprocess
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +95,46 @@ def metrics_server(db_url: str, tmp_path: Path) -> Iterator[MetricsServer]:
     server = MetricsServer(db_url, tmp_path / "metrics.log")
     yield server
     server.stop()
+
+
+def test_the_stop_of_tide_metrics_serve_is_no_error_its_server_could_swallow() -> None:
+    """SIGTERM and SIGINT raise the stop in the main thread wherever it is, which may be
+    inside the server's taking of a request: socketserver logs any ``Exception`` raised
+    there and goes on serving (seen once in a run of the suite: the test below's server
+    had to be killed). The stop is a ``BaseException`` only, as KeyboardInterrupt is."""
+    from atlantis.cli.scaling import _Stopped
+
+    assert issubclass(_Stopped, BaseException) and not issubclass(_Stopped, Exception)
+
+
+def test_tide_metrics_serve_stops_on_sigterm_while_scrapes_arrive(db_url: str,
+                                                                  tmp_path: Path) -> None:
+    """A SIGTERM that lands while the server takes a request in (between its accept and the
+    request's thread) stops it too: the stop is not an error of that request, which the
+    server would log and go on serving past (it then had to be killed)."""
+    for turn in range(2):
+        server = MetricsServer(db_url, tmp_path / f"metrics-{turn}.log")
+        done = threading.Event()
+
+        def hammer(port: int = server.port, done: threading.Event = done) -> None:
+            while not done.is_set():
+                with contextlib.suppress(OSError), socket.create_connection(
+                        ("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    sock.recv(1)
+
+        threads = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(lambda s=server: scrape_metrics(s.port), message="scrapes answered")
+            code = server.stop()
+        finally:
+            done.set()
+            for t in threads:
+                t.join(10)
+        assert code == 0, server.log()
+        assert "tide: metrics: stopped" in server.log(), server.log()
 
 
 def test_tide_metrics_serve_with_no_supervisor(db: psycopg.Connection[Any], admin_url: str,

@@ -116,8 +116,10 @@ def metrics_serve(ctx: click.Context, host: str, port: int) -> None:
     click.echo("tide: metrics: stopped", err=True)
 
 
-class _Stopped(Exception):  # noqa: N818 - a signal, not an error
-    """SIGTERM or SIGINT: serve_forever ends (raised in the main thread, between polls)."""
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT: serve_forever ends. Raised in the main thread wherever it is, which
+    may be inside the server's taking of a request, where socketserver logs any
+    ``Exception`` and serves on: a ``BaseException``, as KeyboardInterrupt is."""
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
