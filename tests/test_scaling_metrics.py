@@ -9,6 +9,7 @@ and ``tide queue signal``: tests/test_queue_signal.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import socket
@@ -127,7 +128,7 @@ def test_tide_metrics_serve_stops_on_sigterm_while_scrapes_arrive(db_url: str,
         for t in threads:
             t.start()
         try:
-            wait_for(lambda s=server: scrape_metrics(s.port), message="scrapes answered")
+            wait_for(functools.partial(scrape_metrics, server.port), message="scrapes answered")
             code = server.stop()
         finally:
             done.set()
