@@ -143,11 +143,11 @@ def median_ratio(got: list[tuple[Result, Result]]) -> tuple[float, float, float]
     return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else None
 
 
-def rounds_table(rounds: list[tuple[Result, Result]]) -> str:
+def rounds_table(pairs: list[tuple[Result, Result]]) -> str:
     rows = [["round", "free jobs/s", "limited jobs/s", "limited ÷ free",
              "CPU ms per job, free / limited (ratio)", "enqueue rows/s, free / limited",
              "note"]]
-    for i, (free, limited) in enumerate(rounds, 1):
+    for i, (free, limited) in enumerate(pairs, 1):
         ca, cb = cpu_total(free), cpu_total(limited)
         rows.append([
             f"{i} ({'free limited' if i % 2 else 'limited free'})",
@@ -157,7 +157,7 @@ def rounds_table(rounds: list[tuple[Result, Result]]) -> str:
             f"{fmt(free.jobs / free.enqueue_s if free.enqueue_s else None, ',.0f', '—')} / "
             f"{fmt(limited.jobs / limited.enqueue_s if limited.enqueue_s else None, ',.0f', '—')}",
             "; ".join(filter(None, [free.note, limited.note]))])
-    got = median_ratio(rounds)
+    got = median_ratio(pairs)
     rows.append(["median", "", "",
                  f"**{got[0]:.2f}x** (range {got[1]:.2f}–{got[2]:.2f}x)" if got else "—",
                  "", "", ""])

@@ -129,8 +129,8 @@ def test_tide_metrics_serve_stops_on_sigterm_while_scrapes_arrive(db_url: str,
             t.start()
         try:
             wait_for(functools.partial(scrape_metrics, server.port), message="scrapes answered")
-            code = server.stop()
         finally:
+            code = server.stop()  # stopped by pid whatever happened, the clients still at it
             done.set()
             for t in threads:
                 t.join(10)
