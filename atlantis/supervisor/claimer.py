@@ -56,6 +56,7 @@ from atlantis.supervisor.db import DATA_ERROR_CLASSES, DatabaseUnavailable, Stat
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
 from atlantis.supervisor.settings import Settings
+from atlantis.supervisor.waiting import until_set
 from atlantis.tracing import CLAIM_SPAN
 from atlantis.units import format_duration
 
@@ -118,10 +119,7 @@ class Claimer(Service):
                 wait = min(wait, rt.settings.claim_ahead_hold / 4)
             if self._wake_at is not None:
                 wait = max(0.0, min(wait, self._wake_at - rt.now()))
-            try:
-                await asyncio.wait_for(rt.wake.wait(), wait)
-            except TimeoutError:
-                pass
+            await until_set(rt.wake, wait)
             rt.wake.clear()
             if rt.draining:
                 return

@@ -26,6 +26,7 @@ from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.supervisor.waiting import until_set
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -153,10 +154,7 @@ class Control(Service):
             every = rt.settings.pause_poll
             if self.polling:  # no NOTIFY says it sooner
                 every = min(every, rt.settings.poll_interval)
-            try:
-                await asyncio.wait_for(self._pause_now.wait(), every)
-            except TimeoutError:
-                pass
+            await until_set(self._pause_now, every)
 
 
 def _changed(was: set[str], now: set[str], added: str, removed: str) -> None:

@@ -28,6 +28,7 @@ from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.settings import Settings
 from atlantis.supervisor.tracing import Tracing
+from atlantis.supervisor.waiting import until_set
 from atlantis.units import format_duration
 
 #: At most how long a loop that looks at each attempt in flight every tick waits while none
@@ -140,10 +141,7 @@ class Ledger:
         if self.in_flight:
             await asyncio.sleep(tick)
             return
-        try:
-            await asyncio.wait_for(self.flying.wait(), idle)
-        except TimeoutError:
-            pass
+        await until_set(self.flying, idle)
 
     def attempt_of(self, job_id: int, child: object) -> Attempt | None:
         """The attempt in flight for ``job_id`` if it runs in ``child``."""

@@ -20,7 +20,6 @@ rescue releases its rows when they end, never sooner).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from atlantis.store.orders import MyOrder
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.supervisor.waiting import until_set
 
 log = logging.getLogger("atlantis.supervisor")
 
@@ -77,10 +77,7 @@ class Orders(Service):
             every = rt.settings.pause_poll
             if rt.held is not None and self._drained_for is None:
                 every = _SETTLE_EVERY  # attempts are finishing: say drained at once
-            try:
-                await asyncio.wait_for(rt.orders_wake.wait(), every)
-            except TimeoutError:
-                pass
+            await until_set(rt.orders_wake, every)
             # On a NOTIFY naming this run, and every --pause-poll (a lost NOTIFY).
             if rt.orders_wake.is_set() or rt.now() - looked >= rt.settings.pause_poll:
                 rt.orders_wake.clear()

@@ -24,6 +24,7 @@ from atlantis.supervisor import identity
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Loop, Service
+from atlantis.supervisor.waiting import until_set
 from atlantis.units import format_duration
 
 log = logging.getLogger("atlantis.supervisor")
@@ -70,10 +71,7 @@ class Presence(Service):
 
     async def _worker_loop(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self.refresh.wait(), self.rt.settings.worker_refresh)
-            except TimeoutError:
-                pass
+            await until_set(self.refresh, self.rt.settings.worker_refresh)
             self.refresh.clear()
             await self.register()
 

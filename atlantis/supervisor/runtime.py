@@ -20,6 +20,7 @@ from atlantis.supervisor.metrics import Metrics
 from atlantis.supervisor.policy import Limits
 from atlantis.supervisor.settings import Settings
 from atlantis.supervisor.systemd import Notifier
+from atlantis.supervisor.waiting import until_set
 
 
 def new_worker_id() -> str:
@@ -89,7 +90,4 @@ class Runtime:
 
     async def wait_changed(self, timeout: float) -> None:
         self.changed.clear()
-        try:
-            await asyncio.wait_for(self.changed.wait(), max(timeout, 0.0))
-        except TimeoutError:
-            pass
+        await until_set(self.changed, timeout)
