@@ -61,6 +61,9 @@ def daemon(ctx: atlantis.JobContext, args: Any) -> None:
 
 @registry.handler("pidone.Hold")
 def hold(ctx: atlantis.JobContext, args: Any) -> None:
-    """Run until the file ``args.path`` exists (the test creates it during the drain)."""
+    """Say it runs (the file ``args.path`` + ``.started``), then run until the file
+    ``args.path`` exists (the test creates it during the drain)."""
+    with open(f"{args.path}.started", "w"):
+        pass
     while not os.path.exists(args.path):
         time.sleep(0.05)
