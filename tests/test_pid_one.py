@@ -131,6 +131,9 @@ def test_as_pid_1_a_daemon_is_reaped_and_sigterm_drains(
 
         hold_id = atlantis.enqueue(db, "pidone.Hold", {"path": str(hold)})
         wait_state(db, hold_id, "running")
+        # Running in its child, not only claimed (a row claimed ahead is given back unspent
+        # by a drain, which then has no attempt in flight to wait for).
+        wait_for(lambda: (tmp_path / "hold.started").exists(), message="the attempt to start")
         os.kill(init.pid, signal.SIGTERM)
         wait_for(lambda: "draining: 1 attempts in flight" in log_path.read_text("utf-8", "replace"),
                  message="the drain")
@@ -144,3 +147,6 @@ def test_as_pid_1_a_daemon_is_reaped_and_sigterm_drains(
         log.close()
     assert job_row(db, hold_id)["state"] == "complete"
     assert "still running at the end of the drain" not in log_path.read_text("utf-8", "replace")
+    # The daemon's fork of the child ran threading's after-fork hooks without an error (the
+    # child's watchdog thread once overrode Thread._stop, and every fork printed a TypeError).
+    assert "_after_fork" not in log_path.read_text("utf-8", "replace")

@@ -111,7 +111,7 @@ class Watchdog(threading.Thread):
             if self._known_end() - self._margin <= self._began:
                 # Nothing of a handler may run on a lease that is over (a supervisor that
                 # was stalled, a Run that came late): another worker may have the row.
-                self._stop("the lease had ended before the attempt could start")
+                self._halt("the lease had ended before the attempt could start")
             # Short attempts end before the thread would take the pipe over: leave it
             # asleep, unless the lease ends before its next look. Renewals come through
             # the lease cell, so a long attempt needs the thread on the pipe only for a
@@ -149,7 +149,7 @@ class Watchdog(threading.Thread):
         try:
             self._serve()
         except BaseException as exc:  # without this thread no lease is enforced: stop all
-            self._stop(f"the child's watchdog failed ({describe(exc)})")
+            self._halt(f"the child's watchdog failed ({describe(exc)})")
 
     def _serve(self) -> None:
         while True:
@@ -158,7 +158,7 @@ class Watchdog(threading.Thread):
                 stop_at = self._known_end() - self._margin
                 now = time.monotonic()
                 if now >= stop_at:
-                    self._stop("no lease renewal reached this child before the lease's end")
+                    self._halt("no lease renewal reached this child before the lease's end")
                 wait = min(CHECK_INTERVAL, stop_at - now)
                 busy = began is not None and now - began >= TAKEOVER
                 if not busy:  # the main thread has the pipe; look again at the takeover
@@ -215,16 +215,16 @@ class Watchdog(threading.Thread):
         try:
             messages = self._reader.feed(data)
         except ProtocolError as exc:
-            self._stop(f"corrupt control stream ({exc})")
+            self._halt(f"corrupt control stream ({exc})")
         for msg in messages:
             self._handle(msg)
 
-    def _stop(self, why: str) -> NoReturn:
+    def _halt(self, why: str) -> NoReturn:
         last_words(self._cell, self._job_id, why)
         kill_group()
 
     def _lost(self, exc: OSError) -> NoReturn:
-        self._stop(f"the child lost its control pipe ({exc})")
+        self._halt(f"the child lost its control pipe ({exc})")
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, Run):
