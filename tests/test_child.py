@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 import atlantis
+from atlantis.child import tree
 from atlantis.child.channel import Channel
 from atlantis.child.exits import EXIT_APP_ERROR, EXIT_PROTOCOL
 from atlantis.child.text import (
@@ -443,6 +444,42 @@ def test_a_watchdog_that_dies_kills_the_tree(child: Child) -> None:
     assert child.next() is None
     assert child.wait() == -signal.SIGKILL
     assert child.last_words(job_id) == "the child's watchdog failed (RuntimeError)"
+
+
+@pytest.mark.parametrize("children_files", [True, False])
+def test_the_sweep_finds_descendants_when_the_boot_time_moves(
+    monkeypatch: pytest.MonkeyPatch, children_files: bool
+) -> None:
+    """psutil dates a process by the boot time, read anew from /proc/stat each time, plus
+    its start since boot; psutil's ``children()`` drops a child that looks older than its
+    parent. A boot time that moves between two reads (a clock step) hid a ``setsid``
+    grandchild from the sweep of a supervisor's kill -9, and it outlived everything. The
+    sweep reads the kernel's parent links, with no clock involved. (Without
+    ``/proc/PID/task/TID/children`` it falls back to psutil, clock and all.)"""
+    import psutil._pslinux as pslinux
+
+    real = pslinux.boot_time
+    reads = itertools.count()
+    if children_files:  # every read an hour earlier than the last: each child looks older
+        monkeypatch.setattr(pslinux, "boot_time", lambda: real() - 3600.0 * next(reads))
+    monkeypatch.setattr(tree, "_HAS_CHILDREN_FILES", children_files)
+    script = ("import subprocess, time; subprocess.Popen(['sleep', '60']); print(1, flush=True); "
+              "time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"1\n"
+        grandchildren = tree.children_of(proc.pid)
+        assert len(grandchildren) == 1
+        assert proc.pid in [p.pid for p in tree.descendants(recursive=False)]
+        found = [p.pid for p in tree.descendants()]
+        assert proc.pid in found and grandchildren[0] in found
+        assert [p.pid for p in tree.processes_under(proc.pid)] == grandchildren
+    finally:
+        for pid in tree.children_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
 
 
 def test_a_lost_events_pipe_ends_the_child_with_exit_protocol(child: Child) -> None:

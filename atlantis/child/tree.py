@@ -92,14 +92,62 @@ def has_children() -> bool:
 
 
 def descendants(recursive: bool = True) -> list[psutil.Process]:
-    if not has_children():
+    """This process's children (``recursive``: and all their descendants), running or
+    zombies, as psutil handles (identified by pid and start time since boot, so a handle
+    never signals a process that took a freed pid)."""
+    if not has_children():  # psutil is not loaded: a child that starts no process never loads it
         return []
-    import psutil  # here, not at import: a child whose handlers start no process never loads it
+    return processes_under(os.getpid(), recursive)
 
+
+def processes_under(pid: int, recursive: bool = True) -> list[psutil.Process]:
+    """``pid``'s children (``recursive``: every descendant, parents first) as psutil
+    handles; those that exit meanwhile are left out.
+
+    Not ``psutil.Process.children``: it drops every process whose wall-clock start time is
+    before its parent's, and that time is the boot time (read anew from ``/proc/stat`` each
+    time) plus the start since boot, so a boot time that moves by a second between two
+    reads (a clock step, or the kernel's rounding: psutil issues 2526 and 2542) hides
+    every descendant started within a second of its parent. A sweep that missed one let a
+    ``setsid`` grandchild outlive a killed supervisor. Parent links here come from the
+    kernel, with no clock involved.
+    """
+    import psutil  # here, not at import (see descendants)
+
+    if not _HAS_CHILDREN_FILES:  # a kernel without CONFIG_PROC_CHILDREN
+        try:
+            return psutil.Process(pid).children(recursive=recursive)
+        except psutil.Error:
+            return []
+    found: list[psutil.Process] = []
+    pids = [p for p, _threads in walk(pid)][1:] if recursive else children_of(pid)
+    for p in pids:
+        try:
+            found.append(psutil.Process(p))
+        except psutil.Error:  # exited (and reaped) meanwhile
+            continue
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of ``pid``'s children; [] if ``pid`` is gone."""
     try:
-        return psutil.Process().children(recursive=recursive)
-    except psutil.Error:
+        return _children(pid, os.listdir(f"/proc/{pid}/task"))
+    except OSError:
         return []
+
+
+def _children(pid: int, tids: list[str]) -> list[int]:
+    """From ``/proc/PID/task/TID/children``: a child belongs to the thread that forked it,
+    or to the one it was re-parented to."""
+    found: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return found
 
 
 def walk(pid: int) -> Iterator[tuple[int, int]]:
@@ -118,12 +166,10 @@ def walk(pid: int) -> Iterator[tuple[int, int]]:
         except OSError:
             continue
         yield proc, len(tids)
-        for tid in tids:
-            try:
-                with open(f"/proc/{proc}/task/{tid}/children", "rb") as f:
-                    todo.extend(int(p) for p in f.read().split())
-            except OSError:
-                continue
+        todo.extend(_children(proc, tids))
+
+
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import psutil
 
-from atlantis.child.tree import count_tasks, freeze, resident, walk
+from atlantis.child.tree import count_tasks, freeze, processes_under, resident, walk
 from atlantis.environ import TREE as TREE_VARIABLE
 from atlantis.protocol.framing import ProtocolError
 from atlantis.protocol.leasecell import LeaseCell
@@ -283,10 +283,7 @@ class Child:
         self.descendants = {p for p in self.descendants if p.is_running()}
         if self.returncode is not None or not self.pid:
             return  # once reaped, its pid may belong to someone else
-        try:
-            self.descendants |= set(psutil.Process(self.pid).children(recursive=True))
-        except psutil.Error:
-            pass
+        self.descendants |= set(processes_under(self.pid))
 
     def signal_group(self, sig: int) -> None:
         """Signal the child's process group and any known descendant outside it.
