@@ -25,6 +25,25 @@ from atlantis.store import embedded, migrate, sync
 from tests.forkserver import ForkedProcess, ForkServer, forkable
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pin_psutil_boot_time() -> None:
+    """psutil dates a process by the boot time, read anew from /proc/stat at each call, plus
+    its start since boot, and ``Process.children()`` drops a child that looks older than its
+    parent: a boot time that moves between two reads (a clock step) hides every child
+    started within a second of its parent (psutil issues 2526 and 2542; atlantis's own sweeps
+    read the kernel's parent links instead, ``atlantis.child.tree.processes_under``). The
+    tests' process listings in this process read it once."""
+    import functools
+
+    try:
+        import psutil._pslinux as pslinux
+    except ImportError:  # not Linux
+        return
+    pslinux.boot_time = functools.cache(pslinux.boot_time)
+
+
+_pin_psutil_boot_time()
 BIN = Path(sys.executable).parent
 TEST_APP = "tests.apps.basic:registry"
 #: Apps whose declarations every test database has synced (add yours here).
