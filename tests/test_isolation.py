@@ -81,3 +81,36 @@ def test_fresh_isolation_falls_back_to_new_interpreters_for_threaded_apps(
     assert all(psutil.Process(sup.pid).pid != p for p in pids)
     sup.stop()
     assert "starts threads at import (app-background)" in sup.log()
+
+
+def test_the_zygote_loads_what_its_workers_needed_and_a_reloaded_one_at_once(
+    db: psycopg.Connection[Any], supervise: Any
+) -> None:
+    """A zygote starts with the app alone; once a worker needed psycopg (tests.Echo writes
+    its event on a connection of its own), the supervisor has the zygote load it for every
+    later worker, and a zygote started by a reload loads it before its first fork."""
+    sup = supervise("--isolation", "fresh", concurrency=1)
+    supervisor = psutil.Process(sup.pid)
+
+    def zygote() -> int | None:
+        for c in supervisor.children():
+            try:  # a zygote that just exited is a zombie until reaped: it has no cmdline
+                if "atlantis.child.zygote" in " ".join(c.cmdline()):
+                    return c.pid
+            except psutil.Error:
+                continue
+        return None
+
+    def maps(pid: int) -> str:
+        with open(f"/proc/{pid}/maps") as f:
+            return f.read()
+
+    first = wait_for(zygote, message="a zygote")
+    assert "psycopg" not in maps(first) and "_asyncio" not in maps(first)  # the app alone
+    wait_state(db, atlantis.enqueue(db, "tests.Echo", {"key": "e", "value": "x"}), "complete")
+    wait_for(lambda: "psycopg" in maps(first) and "_asyncio" in maps(first),
+             message="the zygote to load psycopg (and asyncio, which psycopg imports)")
+    sup.signal(signal.SIGHUP)
+    second = wait_for(lambda: (z := zygote()) is not None and z != first and z,
+                      message="a new zygote after SIGHUP")
+    wait_for(lambda: "psycopg" in maps(second), message="the new zygote to load psycopg at once")

@@ -22,6 +22,7 @@ import signal
 import sys
 
 from atlantis.app import load_app
+from atlantis.child import preload
 from atlantis.child.attempt import run_attempt
 from atlantis.child.channel import Channel
 from atlantis.child.exits import (
@@ -111,6 +112,8 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
     # SIGTERM between attempts ends the child quietly; during one it fails the attempt.
     signal.signal(signal.SIGTERM, term.handler)
     state = ProcessState() if reused else None
+    # A zygote's worker names what it imports that its zygote did not hold (preload).
+    had = None if reused else preload.loaded()
     while True:
         term.idle = True
         try:
@@ -129,6 +132,8 @@ def serve(registry: Registry, control_fd: int, events_fd: int, lease_fd: int,
             why = state.restore()
             if why is not None:
                 done = dataclasses.replace(done, retire=clip(text_of(why), MAX_ERROR_CHARS))
+        if had is not None and (imported := preload.imported_since(had)) is not None:
+            done = dataclasses.replace(done, preload=imported)
         channel.send_done(done)
         channel.job_id = None
         if done.leftovers or done.retire is not None:

@@ -12,8 +12,10 @@ exits with ``EXIT_APP_ERROR``) if it cannot be, or ``Unsafe(reason)`` (and exits
 app started threads at import. The supervisor then sends ``Fork(token)`` packets carrying
 exactly five descriptors (control, events, stdout, stderr, the lease cell); the zygote forks a worker that
 serves one attempt on them and answers ``Forked(token, pid)``; it reaps its workers and reports each
-``Exited(pid, code)`` (``code`` as in ``Popen.returncode``). A malformed packet (not a
-``Fork``, or not five descriptors) is dropped, its descriptors closed, and logged to
+``Exited(pid, code)`` (``code`` as in ``Popen.returncode``). A ``Preload(modules)`` packet,
+with no descriptor, has it import those for every later worker (:mod:`atlantis.child.preload`:
+it starts with the app alone). A malformed packet (neither, or with the wrong number of
+descriptors) is dropped, its descriptors closed, and logged to
 stderr; a fork the system refuses (after a few tries) is dropped the same way. The zygote
 ends at EOF on its socket; its workers die with it (parent-death signal).
 """
@@ -33,6 +35,7 @@ import time
 from typing import NoReturn
 
 from atlantis.app import load_app
+from atlantis.child import preload
 from atlantis.child.attempt import run_attempt
 from atlantis.child.channel import Channel
 from atlantis.child.exits import TermSignal
@@ -48,6 +51,7 @@ from atlantis.protocol.messages import (
     Fork,
     Forked,
     FromZygote,
+    Preload,
     Ready,
     Run,
     Unsafe,
@@ -127,8 +131,8 @@ def _close(fds: list[int]) -> None:
             pass
 
 
-def _receive(sock: socket.socket) -> tuple[Fork, list[int]] | None:
-    """One fork request, or None for a packet that was dropped; SupervisorGoneError at EOF."""
+def _receive(sock: socket.socket) -> tuple[Fork | Preload, list[int]] | None:
+    """One request, or None for a packet that was dropped; SupervisorGoneError at EOF."""
     try:
         data, fds, flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
     except (BlockingIOError, InterruptedError):
@@ -138,20 +142,24 @@ def _receive(sock: socket.socket) -> tuple[Fork, list[int]] | None:
     if not data and not fds:
         raise SupervisorGoneError("end of stream")
     why = None
+    msg: Fork | Preload | None = None
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         why = "packet truncated (too long, or too many descriptors)"
-    elif len(fds) != WORKER_FDS:
-        why = f"{len(fds)} descriptors, expected {WORKER_FDS}"
     else:
         try:
-            msg = decode(data, expect=(Fork,))
+            decoded = decode(data, expect=(Fork, Preload))
         except ProtocolError as exc:
             why = str(exc)
-    if why is not None:
+        else:
+            assert isinstance(decoded, Fork | Preload)
+            msg = decoded
+            wanted = WORKER_FDS if isinstance(msg, Fork) else 0
+            if len(fds) != wanted:
+                why = f"{len(fds)} descriptors, expected {wanted}"
+    if why is not None or msg is None:
         _log(f"dropped a malformed packet ({why})")
         _close(fds)
         return None
-    assert isinstance(msg, Fork)
     return msg, fds
 
 
@@ -195,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
             _send(sock, ZygoteFatal(error=clip(text_of(exc), MAX_ERROR_CHARS)))
             return EXIT_APP_ERROR
         prepare_tracing()  # the SDK imported once here, not in every worker
-        preload()
         # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -220,18 +227,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # the supervisor is gone; our workers die with us (parent-death signal)
 
 
-def preload() -> None:
-    """Import what a worker's handler steps and enqueues need (psycopg and the step store),
-    what an async handler runs on (asyncio) and what an attempt that starts processes
-    sweeps them with (psutil), once, here: a reused child imports them on first use, once
-    in its life, but a forked worker lives for one attempt, and would pay each import (some
-    60, 20 and 15 ms) in every attempt that needs it while the app itself never imported
-    it."""
-    import asyncio  # noqa: F401
-
-    import psutil  # noqa: F401
-
-    import atlantis.store.steps  # noqa: F401
+def _preload(sock: socket.socket, msg: Preload) -> bool:
+    """Import what ``msg`` names for every later worker; False (``Unsafe`` sent) if that
+    started a thread, which none of them does: forking would then be unsafe. One that fails
+    to import is left to the workers, which import it themselves (and say why)."""
+    try:
+        preload.load(msg.modules)
+    except Exception as exc:
+        _log(f"could not load {', '.join(msg.modules)} for the workers ({text_of(exc)})")
+        return True
+    threads = [text_of(t.name) for t in threading.enumerate() if t is not threading.main_thread()]
+    if threads:
+        reason = f"loading {', '.join(msg.modules)} started threads ({', '.join(threads)})"
+        _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
+        return False
+    # Shared with the workers copy-on-write, and kept out of their collections (see main).
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 def rehearse(registry: Registry) -> None:
@@ -290,6 +303,10 @@ def _serve(sock: socket.socket, registry: Registry) -> int:
         if request is None:
             continue
         msg, fds = request
+        if isinstance(msg, Preload):
+            if not _preload(sock, msg):
+                return 0
+            continue
         pid = _fork(sock, msg, fds, registry)
         _close(fds)
         if pid is not None:

@@ -23,11 +23,12 @@ child -> supervisor (events pipe)
              ``suspend`` (a durable sleep: ``wake`` and ``waits``; ``steps`` records written);
              ``retire`` says why the child will run no other attempt; ``result`` the
              handler's return value as JSON text; ``spans`` the handler's spans (JSON text);
-             ``nulled`` where that value held NaN or an infinity (written as null)
+             ``nulled`` where that value held NaN or an infinity (written as null);
+             ``preload`` what a zygote's worker imported that its zygote did not hold
 child -> supervisor (lease cell, read once the child is gone)
   last words why the child (or the lease keeper) stopped its attempt: shared memory
 supervisor <-> zygote (SOCK_SEQPACKET, one message a packet)
-  Fork / Forked / Exited (each says what it means); ZygoteReady (the app is imported, it
+  Fork / Preload / Forked / Exited (each says what it means); ZygoteReady (the app is imported, it
   forks on request), ZygoteFatal (the app failed to import; it exits), Unsafe (it has threads
   after import: forking it is unsafe, fresh interpreters instead)
 """
@@ -55,6 +56,8 @@ MAX_LEFTOVERS = 100
 Outcome = Literal["complete", "failed", "discard", "snooze", "suspend"]
 ErrorKind = Literal["exception", "exit", "terminated", "discarded", "args", "result", "steps", "lease", "swallowed"]
 """The error kinds a child may report; the supervisor adds its own (timeout, crash, ...)."""
+Preloadable = Literal["asyncio", "psutil", "psycopg"]
+"""What a zygote loads once a worker needed it (:mod:`atlantis.child.preload`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,8 @@ class Done:
     wake: str | None = None  # ``suspend``: when the job runs again (ISO 8601, the database's)
     waits: str | None = None  # ``suspend``: what it waits for (``sleep:<step>``)
     steps: int = 0  # the handler step records this run wrote
+    preload: list[Preloadable] | None = None
+    """A zygote's worker: what it imported during the attempt, for the zygote to load."""
     t: Literal["done"] = "done"
 
 
@@ -151,6 +156,13 @@ class Fork:
     """Supervisor to zygote: fork a worker onto the descriptors sent with this packet."""
     token: int
     t: Literal["fork"] = "fork"
+
+
+@dataclass(frozen=True, slots=True)
+class Preload:
+    """Supervisor to zygote: load these for every later worker (no descriptors)."""
+    modules: list[Preloadable]
+    t: Literal["preload"] = "preload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +201,7 @@ class Unsafe:
 
 ToChild = Run | Cancel | Stopping
 FromChild = Ready | Fatal | Checkpoint | Done
-ToZygote = Fork
+ToZygote = Fork | Preload
 FromZygote = Forked | Exited | ZygoteReady | ZygoteFatal | Unsafe
 Message = ToChild | FromChild | ToZygote | FromZygote
 
@@ -199,7 +211,7 @@ and a step's context (its predecessors' results, each at most ``MAX_RESULT_BYTES
 
 _TYPES: dict[str, type[Any]] = {
     str(cls.__dataclass_fields__["t"].default): cls
-    for cls in (Run, Cancel, Stopping, Ready, Fatal, Checkpoint, Done, Fork, Forked, Exited,
+    for cls in (Run, Cancel, Stopping, Ready, Fatal, Checkpoint, Done, Fork, Preload, Forked, Exited,
                 ZygoteReady, ZygoteFatal, Unsafe)
 }
 _HINTS: dict[type[Any], dict[str, Any]] = {

@@ -15,7 +15,7 @@ import logging
 import signal
 from collections.abc import Iterable
 
-from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Ready, Run
+from atlantis.protocol.messages import Checkpoint, Done, Fatal, FromChild, Preloadable, Ready, Run
 from atlantis.store.supervision import Progress
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempt_logs import AttemptLogs
@@ -48,6 +48,8 @@ class Pool(Service):
         self.zygote: Zygote | None = None
         self.old_zygotes: list[Zygote] = []
         self.fork_unsafe: str | None = None
+        self.preloads: set[Preloadable] = set()
+        """What workers turned out to need: every zygote loads it (:mod:`atlantis.child.preload`)."""
         self.jobset = JobSet(jobs)
         self.keeper = LeaseKeeper(rt.loop, self.env, lambda: [
             (c.pid, c.cell_fd) for c in self.children if c.pid and c.cell_fd >= 0])
@@ -147,6 +149,7 @@ class Pool(Service):
             z = Zygote(self.rt.settings.app, self.env, self.rt.loop, self.generation,
                        self.ensure, self._zygote_died, self.rt.settings.fork_timeout)
             set_scheduling(z.pid, self.rt.settings.child_scheduling)  # its workers inherit it
+            z.preload(self.preloads)
             self.zygote = z
         return z
 
@@ -311,6 +314,9 @@ class Pool(Service):
             child.state = "idle"
         if msg.steps > 0:  # a count the child reports (a forged negative one is ignored)
             rt.metrics.steps_recorded(a.queue, msg.steps)
+        if msg.preload and self.zygote is not None:
+            self.preloads.update(msg.preload)
+            self.zygote.preload(self.preloads)
         verdict = policy.decide(a.facts, self.rt.limits, msg, a.stop_reason,
                                 cancelled=a.cancelling)
         if verdict.unstored is not None:

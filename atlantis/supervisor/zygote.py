@@ -26,6 +26,8 @@ from atlantis.protocol.messages import (
     Exited,
     Fork,
     Forked,
+    Preload,
+    Preloadable,
     Unsafe,
     ZygoteFatal,
     ZygoteReady,
@@ -54,6 +56,8 @@ class Zygote:
         self._on_ready = on_ready
         self._on_dead = on_dead
         self._tokens = itertools.count(1)
+        self.preloaded: set[Preloadable] = set()
+        """What it was asked to load for its workers (:mod:`atlantis.child.preload`)."""
         self._forking: dict[int, tuple[Callable[[int], None], Callable[[int], None]]] = {}
         self._watchers: dict[int, Callable[[int], None]] = {}
         self._early_exits: dict[int, int] = {}
@@ -106,6 +110,24 @@ class Zygote:
             return
         self._forking[token] = (on_forked, on_exit)
         self.loop.call_later(self.fork_timeout, self._fork_overdue, token)
+
+    def preload(self, modules: set[Preloadable]) -> None:
+        """Ask it to load, for every later worker, what of ``modules`` it was not asked for
+        yet. Before it is ready too: it reads its socket once it serves, in order, so the
+        first worker is forked with them. Never blocks and never raises: a request that
+        does not fit in the socket now is asked again with a later worker's ``Done``."""
+        new = sorted(modules - self.preloaded)
+        if not new or self.dead:
+            return
+        try:
+            self._sock.send(dumps(Preload(modules=new)))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            log.error("the zygote did not take a preload request (%s); restarting it", exc)
+            self.kill()
+            return
+        self.preloaded.update(new)
 
     def _fork_overdue(self, token: int) -> None:
         """A fork never answered (the system refused it): the zygote is of no use any more."""

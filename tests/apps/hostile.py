@@ -184,6 +184,9 @@ def misbehave(ctx: atlantis.JobContext, args: Any) -> None:
     if mode == "setsid":
         os.setsid()
         return
+    if mode == "uses-asyncio":  # a module the zygote loads for later workers once asked
+        import asyncio  # noqa: F401
+        return
     if mode in ("close-fds", "close-fds-sleep"):
         os.closerange(3, 65536)
         if mode == "close-fds-sleep":
