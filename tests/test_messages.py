@@ -22,6 +22,7 @@ from atlantis.protocol.messages import (
     Fatal,
     Fork,
     Forked,
+    Preload,
     Ready,
     Run,
     Stopping,
@@ -40,7 +41,8 @@ EVERY = [
     Checkpoint(job_id=1, pct=None, msg="m"), Checkpoint(job_id=1, pct=50.0, msg=""),
     Done(job_id=1, outcome="failed", error=ChildError(kind="args", message="m", traceback=None)),
     Done(job_id=1, outcome="snooze", delay=3.0), Done(job_id=1, outcome="complete", leftovers=["t"]),
-    Fork(token=1), Forked(token=1, pid=9), Exited(pid=9, code=-9), ZygoteReady(pid=3),
+    Done(job_id=1, outcome="complete", preload=["asyncio", "psycopg"]),
+    Fork(token=1), Preload(modules=["psutil"]), Forked(token=1, pid=9), Exited(pid=9, code=-9), ZygoteReady(pid=3),
     ZygoteFatal(error="e"), Unsafe(reason="threads"),
 ]
 
@@ -67,6 +69,9 @@ FORGED = {
     "job id a bool": {"t": "checkpoint", "job_id": True, "pct": 1, "msg": ""},
     "leftovers a string": {"t": "done", "job_id": 1, "outcome": "complete", "leftovers": "x"},
     "leftovers of numbers": {"t": "done", "job_id": 1, "outcome": "complete", "leftovers": [1]},
+    "preload of a module not on the list": {"t": "done", "job_id": 1, "outcome": "complete",
+                                            "preload": ["os"]},
+    "preload a string": {"t": "preload", "modules": "psycopg"},
     "missing job id": {"t": "done", "outcome": "complete"},
     "unknown type": {"t": "run-everything", "job_id": 1},
     "no type": {"job_id": 1},
