@@ -25,7 +25,7 @@ import atlantis
 from atlantis.store.queries import Q
 from atlantis.store.supervision import ClaimedRow, Result, finish_params
 from atlantis.supervisor.attempts import Attempt
-from atlantis.supervisor.completer import Completer
+from atlantis.supervisor.completer import Completer, linger_for
 from atlantis.supervisor.db import DatabaseUnavailable, Db, StatementRejected, Timing, classify
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Service
@@ -281,6 +281,58 @@ def test_a_refused_batch_is_written_row_by_row(db: psycopg.Connection[Any], db_u
         assert job_row(db, i)["state"] == "complete"
     row = job_row(db, ids[2])
     assert row["state"] == "dead" and row["last_error"].startswith("badbyte (the attempt's outcome")
+
+
+@pytest.mark.parametrize("pace, batches", [(0.001, [4]), (1.0, [1, 3])])
+def test_results_that_come_fast_share_a_write_and_slow_ones_go_at_once(
+    db: psycopg.Connection[Any], db_url: str, pace: float, batches: list[int]
+) -> None:
+    """While rows are claimed ahead, a write waits for more results only while they come
+    faster than completer.BUSY_LINGER (one commit for several, as a fresh worker's results
+    come a few milliseconds apart); a supervisor whose results are far apart writes each at
+    once. Three results come while the first one's write waits, or is under way."""
+    ids = _neighbours(db, 4)
+    db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 4,
+                         "worker": "w", "within": 5.0})
+    assert linger_for(0.002, True, 0.001) == 0.003 and linger_for(0.002, True, 0.01) == 0.0
+    assert linger_for(0.002, False, 1.0) == 0.002 and linger_for(0.0, True, 0.001) == 0.0
+
+    async def go() -> list[int]:
+        rt = Runtime(Settings(queues=("contain",), database_url=db_url))
+        rt.worker_id = "w"
+        assert rt.claim_mode.ahead
+        completer = Completer(rt)
+        for _ in range(10):  # results one right after another: the pace falls toward 0
+            completer._ended()
+        assert completer.pace < 0.005
+        completer.flush.clear()
+        completer.pace = pace
+        sizes: list[int] = []
+        finish = completer._finish
+
+        async def counted(results: Sequence[Result]) -> set[int]:
+            sizes.append(len(results))
+            return await finish(results)
+
+        completer._finish = counted  # type: ignore[method-assign]
+        writer = asyncio.create_task(completer._write_loop())
+        for n, job_id in enumerate(ids):
+            row = ClaimedRow(job_id, "contain.Act", "contain", "{}", 1, 1, False, 30.0, 3.0, 0.0,
+                             datetime.now(UTC))
+            rt.ledger.ended.append((Attempt(row=row, lease_end=0, renewed_at=0),
+                                    Result(job_id, 1, "complete", True, 0.0, None, None)))
+            completer.flush.set()
+            if n == 0:  # the writer takes the first one: it waits, or writes it alone
+                for _ in range(3):
+                    await asyncio.sleep(0)
+        while rt.ledger.ended or rt.ledger.writing:
+            await asyncio.sleep(0.01)
+        writer.cancel()
+        await rt.close_databases()
+        return sizes
+
+    assert asyncio.run(go()) == batches
+    _all_complete(db, ids)
 
 
 def _fail_5000_times(db: psycopg.Connection[Any], job_id: int) -> None:

@@ -3,6 +3,10 @@
 An attempt's end is recorded in the ledger (:meth:`Ledger.end`) and written here with the
 next batch. While the claimer holds no rows ahead (it serves limited jobs), results come one
 child at a time: a write waits ``finish_linger`` (2 ms) for a few more to share its commit.
+While it claims ahead, a write waits only while results come faster than :data:`BUSY_LINGER`
+(:func:`linger_for`): a busy supervisor's results share commits (a fresh worker's come a few
+milliseconds apart, each of which would otherwise be a statement and a commit of its own),
+an idle one's are written at once.
 A batch the server refuses because of its data (a value no column accepts) is
 retried row by row: the rows that pass are written, and an offending row is written again
 reduced to a plain failure with its text cleaned; only if even that is refused is the row
@@ -31,6 +35,23 @@ from atlantis.tracing import FINISH_SPAN
 
 log = logging.getLogger("atlantis.supervisor")
 
+#: The longest a result waits for others to share its write while rows are claimed ahead.
+BUSY_LINGER = 0.005
+#: How many more results a busy supervisor's write waits for, at the pace they come.
+BUSY_SHARE = 3
+
+
+def linger_for(setting: float, ahead: bool, pace: float) -> float:
+    """How long the next write waits for more results: ``setting`` (``--finish-linger``)
+    while nothing is claimed ahead; while rows are, long enough for :data:`BUSY_SHARE` more
+    at ``pace`` (the typical time between two results), at most :data:`BUSY_LINGER`, and
+    not at all when they come slower than that. ``setting`` 0: never."""
+    if not setting:
+        return 0.0
+    if not ahead:
+        return setting
+    return min(BUSY_LINGER, BUSY_SHARE * pace) if pace < BUSY_LINGER else 0.0
+
 
 class Completer(Service):
     name = "completer"
@@ -41,13 +62,22 @@ class Completer(Service):
         self._host = socket.gethostname()
         self.ledger = rt.ledger
         self.flush = asyncio.Event()
-        self.ledger.on_ended = self.flush.set
+        self.ledger.on_ended = self._ended
+        self._last_end = 0.0
+        self.pace = 1.0
+        """The typical time between two results (seconds, a moving average, at most 1)."""
         self._maybe_written: set[tuple[int, int, int]] = set()
         """Attempts whose result went out in a statement whose answer was lost: it may have
         committed, and then the retry (fenced on the running attempt) matches no row."""
 
     def loops(self) -> list[Loop]:
         return [self._write_loop]
+
+    def _ended(self) -> None:
+        now = self.rt.now()
+        self.pace = 0.5 * (self.pace + min(now - self._last_end, 1.0))
+        self._last_end = now
+        self.flush.set()
 
     # ---- writing --------------------------------------------------------------------------
 
@@ -57,11 +87,11 @@ class Completer(Service):
             self.flush.clear()
             if not self.ledger.ended:
                 continue
-            linger = self.rt.settings.finish_linger
-            if not self.rt.claim_mode.ahead and linger and len(self.ledger.ended) < 8 \
-                    and not self.rt.draining:
-                # No rows held ahead: results come one child at a time. A moment's wait lets
-                # a few share one write (one commit), as claiming ahead batches them.
+            linger = linger_for(self.rt.settings.finish_linger, self.rt.claim_mode.ahead,
+                                self.pace)
+            if linger and len(self.ledger.ended) < 8 and not self.rt.draining:
+                # Results that come one at a time: a moment's wait lets a few share one
+                # write (one commit).
                 await asyncio.sleep(linger)
             # At most --finish-batch a statement: a backlog of results (after a stall) goes out
             # in several, each as quick to write and to retry as a usual one.
