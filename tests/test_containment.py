@@ -283,19 +283,23 @@ def test_a_refused_batch_is_written_row_by_row(db: psycopg.Connection[Any], db_u
     assert row["state"] == "dead" and row["last_error"].startswith("badbyte (the attempt's outcome")
 
 
-@pytest.mark.parametrize("pace, batches", [(0.001, [4]), (1.0, [1, 3])])
+@pytest.mark.parametrize("pace, batches", [(0.002, [4]), (1.0, [1, 3]), (0.0002, [1, 3])])
 def test_results_that_come_fast_share_a_write_and_slow_ones_go_at_once(
     db: psycopg.Connection[Any], db_url: str, pace: float, batches: list[int]
 ) -> None:
     """While rows are claimed ahead, a write waits for more results only while they come
     faster than completer.BUSY_LINGER (one commit for several, as a fresh worker's results
     come a few milliseconds apart); a supervisor whose results are far apart writes each at
-    once. Three results come while the first one's write waits, or is under way."""
+    once, and so does one whose results come faster than a write takes (they gather while
+    one is under way). Three results come while the first one's write waits, or is under
+    way."""
     ids = _neighbours(db, 4)
     db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 4,
                          "worker": "w", "within": 5.0})
-    assert linger_for(0.002, True, 0.001) == 0.003 and linger_for(0.002, True, 0.01) == 0.0
-    assert linger_for(0.002, False, 1.0) == 0.002 and linger_for(0.0, True, 0.001) == 0.0
+    assert linger_for(0.002, True, 0.001, 0.0005) == 0.003
+    assert linger_for(0.002, True, 0.01, 0.0005) == 0.0  # slower than BUSY_LINGER
+    assert linger_for(0.002, True, 0.001, 0.002) == 0.0  # faster than a write takes
+    assert linger_for(0.002, False, 1.0, 0.001) == 0.002 and linger_for(0.0, True, 0.001, 0.0) == 0.0
 
     async def go() -> list[int]:
         rt = Runtime(Settings(queues=("contain",), database_url=db_url))
@@ -306,7 +310,7 @@ def test_results_that_come_fast_share_a_write_and_slow_ones_go_at_once(
             completer._ended()
         assert completer.pace < 0.005
         completer.flush.clear()
-        completer.pace = pace
+        completer.pace, completer.write_time = pace, 0.0005
         sizes: list[int] = []
         finish = completer._finish
 

@@ -4,9 +4,9 @@ An attempt's end is recorded in the ledger (:meth:`Ledger.end`) and written here
 next batch. While the claimer holds no rows ahead (it serves limited jobs), results come one
 child at a time: a write waits ``finish_linger`` (2 ms) for a few more to share its commit.
 While it claims ahead, a write waits only while results come faster than :data:`BUSY_LINGER`
-(:func:`linger_for`): a busy supervisor's results share commits (a fresh worker's come a few
-milliseconds apart, each of which would otherwise be a statement and a commit of its own),
-an idle one's are written at once.
+but slower than a write takes (:func:`linger_for`): such results (a fresh worker's come a few
+milliseconds apart) would otherwise each be a statement and a commit of its own; faster ones
+gather while a write is under way, and an idle supervisor's are written at once.
 A batch the server refuses because of its data (a value no column accepts) is
 retried row by row: the rows that pass are written, and an offending row is written again
 reduced to a plain failure with its text cleaned; only if even that is refused is the row
@@ -41,16 +41,18 @@ BUSY_LINGER = 0.005
 BUSY_SHARE = 3
 
 
-def linger_for(setting: float, ahead: bool, pace: float) -> float:
+def linger_for(setting: float, ahead: bool, pace: float, write: float) -> float:
     """How long the next write waits for more results: ``setting`` (``--finish-linger``)
     while nothing is claimed ahead; while rows are, long enough for :data:`BUSY_SHARE` more
-    at ``pace`` (the typical time between two results), at most :data:`BUSY_LINGER`, and
-    not at all when they come slower than that. ``setting`` 0: never."""
+    at ``pace`` (the typical time between two results), at most :data:`BUSY_LINGER`, but
+    only while they come slower than a write takes (``write``: faster, they gather on their
+    own while one is under way) and faster than :data:`BUSY_LINGER` (an idle supervisor's
+    go at once). ``setting`` 0: never."""
     if not setting:
         return 0.0
     if not ahead:
         return setting
-    return min(BUSY_LINGER, BUSY_SHARE * pace) if pace < BUSY_LINGER else 0.0
+    return min(BUSY_LINGER, BUSY_SHARE * pace) if write < pace < BUSY_LINGER else 0.0
 
 
 class Completer(Service):
@@ -66,6 +68,8 @@ class Completer(Service):
         self._last_end = 0.0
         self.pace = 1.0
         """The typical time between two results (seconds, a moving average, at most 1)."""
+        self.write_time = 0.001
+        """The typical time a write takes (seconds, a moving average)."""
         self._maybe_written: set[tuple[int, int, int]] = set()
         """Attempts whose result went out in a statement whose answer was lost: it may have
         committed, and then the retry (fenced on the running attempt) matches no row."""
@@ -88,7 +92,7 @@ class Completer(Service):
             if not self.ledger.ended:
                 continue
             linger = linger_for(self.rt.settings.finish_linger, self.rt.claim_mode.ahead,
-                                self.pace)
+                                self.pace, self.write_time)
             if linger and len(self.ledger.ended) < 8 and not self.rt.draining:
                 # Results that come one at a time: a moment's wait lets a few share one
                 # write (one commit).
@@ -97,6 +101,7 @@ class Completer(Service):
             # in several, each as quick to write and to retry as a usual one.
             batch = self.ledger.take_ended(self.rt.settings.finish_batch)
             began = tracing.now_ns()
+            start = self.rt.now()
             try:
                 await self._write(batch)
             except DatabaseUnavailable as exc:
@@ -110,6 +115,7 @@ class Completer(Service):
                 self.ledger.written()
                 raise
             self.ledger.written()
+            self.write_time = 0.5 * (self.write_time + self.rt.now() - start)
             self.ledger.tracing.batch(FINISH_SPAN, (a for a, _ in batch), began, {})
             if self.ledger.ended:
                 self.flush.set()

@@ -164,7 +164,8 @@ class Settings:
     finish_linger: float = _opt("duration", "While it claims nothing ahead (it serves limited "
                                 "jobs), results wait this long for others to share their "
                                 "write; while it does, a few milliseconds at most, and only "
-                                "while they come faster than that (0: never).",
+                                "while they come slower than a write takes and faster than "
+                                "that (0: never).",
                                 default=0.002, hidden=True)
     schedule_interval: float = _opt("duration", "How often schedules are checked for a due slot.",
                                     default=1.0, hidden=True)
