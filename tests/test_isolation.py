@@ -110,6 +110,7 @@ def test_the_zygote_loads_what_its_workers_needed_and_a_reloaded_one_at_once(
     wait_state(db, atlantis.enqueue(db, "tests.Echo", {"key": "e", "value": "x"}), "complete")
     wait_for(lambda: "psycopg" in maps(first) and "_asyncio" in maps(first),
              message="the zygote to load psycopg (and asyncio, which psycopg imports)")
+    assert f"zygote {first}: loading asyncio, psycopg for its workers" in sup.log()
     sup.signal(signal.SIGHUP)
     second = wait_for(lambda: (z := zygote()) is not None and z != first and z,
                       message="a new zygote after SIGHUP")

@@ -206,21 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         # Signals are the supervisor's business; SIGCHLD just wakes the poll below.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        threads = [text_of(t.name) for t in threading.enumerate() if t is not threading.main_thread()]
-        if threads:
-            # A fork copies only the forking thread: locks the others hold stay locked forever.
-            reason = f"the app starts threads at import ({', '.join(threads)})"
-            _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
+        if _unsafe(sock, "the app starts threads at import"):
             return 0
         try:
             rehearse(registry)
         except Exception as exc:  # only ever a saving: workers then fill their caches themselves
             _log(f"the rehearsal of a worker failed ({text_of(exc)}); forking anyway")
-        # Everything imported so far is shared with the workers copy-on-write. A collection
-        # in a worker would walk (and so write to, and copy) every one of those objects:
-        # moved to a generation the collector never visits, they stay shared.
-        gc.collect()
-        gc.freeze()
+        _share()
         _send(sock, ZygoteReady(pid=os.getpid()))
         return _serve(sock, registry)
     except SupervisorGoneError:
@@ -236,15 +228,29 @@ def _preload(sock: socket.socket, msg: Preload) -> bool:
     except Exception as exc:
         _log(f"could not load {', '.join(msg.modules)} for the workers ({text_of(exc)})")
         return True
-    threads = [text_of(t.name) for t in threading.enumerate() if t is not threading.main_thread()]
-    if threads:
-        reason = f"loading {', '.join(msg.modules)} started threads ({', '.join(threads)})"
-        _send(sock, Unsafe(reason=clip(reason, MAX_ERROR_CHARS)))
+    if _unsafe(sock, f"loading {', '.join(msg.modules)} started threads"):
         return False
-    # Shared with the workers copy-on-write, and kept out of their collections (see main).
+    _share()
+    return True
+
+
+def _unsafe(sock: socket.socket, what: str) -> bool:
+    """Whether this process has a thread besides the main one: then ``Unsafe`` is sent
+    (``what`` and the threads' names). A fork copies only the forking thread: locks the
+    others hold would stay locked forever in every worker."""
+    threads = [text_of(t.name) for t in threading.enumerate() if t is not threading.main_thread()]
+    if not threads:
+        return False
+    _send(sock, Unsafe(reason=clip(f"{what} ({', '.join(threads)})", MAX_ERROR_CHARS)))
+    return True
+
+
+def _share() -> None:
+    """Everything imported so far is shared with the workers copy-on-write. A collection in
+    a worker would walk (and so write to, and copy) every one of those objects: moved to a
+    generation the collector never visits, they stay shared."""
     gc.collect()
     gc.freeze()
-    return True
 
 
 def rehearse(registry: Registry) -> None:

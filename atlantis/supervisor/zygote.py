@@ -128,6 +128,8 @@ class Zygote:
             self.kill()
             return
         self.preloaded.update(new)
+        log.info("zygote %d: loading %s for its workers (a worker needed it)", self.pid,
+                 ", ".join(new))
 
     def _fork_overdue(self, token: int) -> None:
         """A fork never answered (the system refused it): the zygote is of no use any more."""
