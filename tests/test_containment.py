@@ -24,9 +24,11 @@ import pytest
 import atlantis
 from atlantis.store.queries import Q
 from atlantis.store.supervision import ClaimedRow, Result, finish_params
+from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.completer import Completer, linger_for
 from atlantis.supervisor.db import DatabaseUnavailable, Db, StatementRejected, Timing, classify
+from atlantis.supervisor.output import Label
 from atlantis.supervisor.runtime import Runtime
 from atlantis.supervisor.service import Service
 from atlantis.supervisor.settings import Settings
@@ -337,6 +339,35 @@ def test_results_that_come_fast_share_a_write_and_slow_ones_go_at_once(
 
     assert asyncio.run(go()) == batches
     _all_complete(db, ids)
+
+
+def test_an_attempts_output_is_written_before_its_outcome(
+    db: psycopg.Connection[Any], db_url: str
+) -> None:
+    """A job seen finished has its attempt's output in atlantis.logs (tide job logs shows
+    it): the completer writes the lines still waiting before the outcome, without waiting
+    for the logs' own flush (its loop never runs here)."""
+    (job_id,) = _neighbours(db, 1)
+    db.execute(Q.claim, {"limited": [], "queues": ["contain"], "jobs": ["contain.Act"], "limit": 1,
+                         "worker": "w", "within": 5.0})
+
+    async def go() -> None:
+        rt = Runtime(Settings(queues=("contain",), database_url=db_url))
+        rt.worker_id = "w"
+        logs = AttemptLogs(rt)
+        completer = Completer(rt, logs)
+        logs.line(Label(job_id, 1, "contain"), "stdout", "hello, world")
+        row = ClaimedRow(job_id, "contain.Act", "contain", "{}", 1, 1, False, 30.0, 3.0, 0.0,
+                         datetime.now(UTC))
+        await completer._write([(Attempt(row=row, lease_end=0, renewed_at=0),
+                                 Result(job_id, 1, "complete", True, 0.0, None, None))])
+        assert not logs.pending([(job_id, 1, 1)])
+        await rt.close_databases()
+
+    asyncio.run(go())
+    assert job_row(db, job_id)["state"] == "complete"
+    assert db.execute("SELECT line FROM atlantis.logs WHERE job_id = %s",
+                      (job_id,)).fetchall() == [("hello, world",)]
 
 
 def _fail_5000_times(db: psycopg.Connection[Any], job_id: int) -> None:

@@ -1,7 +1,8 @@
 """Attempt logs: each attempt's stdout and stderr lines, kept in ``atlantis.logs``.
 
 The lines the supervisor logs (tagged ``job=N attempt=M``) are also queued here and written
-in batches (one statement per flush). Each attempt keeps at most ``--log-retention-bytes``
+in batches (one statement per flush), and an attempt's lines before its outcome (the
+completer flushes them first). Each attempt keeps at most ``--log-retention-bytes``
 of its newest lines in the database: once its budget is spent, older lines are deleted and
 counted as dropped. The counts reach ``atlantis.attempts`` with the attempt's outcome.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -86,6 +88,11 @@ class AttemptLogs(Service):
             return (0, 0)
         self._ended.add(key)
         return (kept.lines, kept.dropped)
+
+    def pending(self, keys: Iterable[tuple[int, int, int]]) -> bool:
+        """Whether any of these attempts (job id, run, attempt) has lines not written yet."""
+        return any(kept is not None and kept.pending
+                   for kept in map(self._kept.get, keys))
 
     async def _flush_loop(self) -> None:
         while True:

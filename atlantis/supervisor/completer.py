@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from atlantis.store import supervision as sql
 from atlantis.store.supervision import Progress, Result
 from atlantis.supervisor import tracing
+from atlantis.supervisor.attempt_logs import AttemptLogs
 from atlantis.supervisor.attempts import Attempt
 from atlantis.supervisor.db import DatabaseUnavailable, StatementRejected
 from atlantis.supervisor.policy import clip, progress_text
@@ -58,8 +59,11 @@ def linger_for(setting: float, ahead: bool, pace: float, write: float) -> float:
 class Completer(Service):
     name = "completer"
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, logs: AttemptLogs | None = None) -> None:
         super().__init__(rt)
+        self.logs = logs
+        """The attempts' output: written before their outcomes (``tide job logs`` of a job
+        seen finished shows what its attempt printed)."""
         self.db = rt.db("finish")
         self._host = socket.gethostname()
         self.ledger = rt.ledger
@@ -123,6 +127,8 @@ class Completer(Service):
             self.rt.wake.set()
 
     async def _write(self, batch: list[tuple[Attempt, Result]]) -> None:
+        if self.logs is not None and self.logs.pending(a.key for a, _ in batch):
+            await self.logs.flush()  # never raises for the database: a failed one waits
         try:
             written = await self._finish([r for _, r in batch])
         except StatementRejected as exc:

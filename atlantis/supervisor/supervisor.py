@@ -70,8 +70,8 @@ class Supervisor:
         decls = served(list(self.registry.decls.values()), jobs, self.settings.queues)
         rt.claim_mode.limited_jobs = limited_jobs(list(self.registry.decls.values()))
         self.readiness = Readiness(rt)
-        completer = Completer(rt)
         logs = AttemptLogs(rt)
+        completer = Completer(rt, logs)
         pool = Pool(rt, logs, jobs)
         jobset = pool.jobset
         self.presence = presence = Presence(rt, lambda: len(pool.children),
