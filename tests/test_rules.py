@@ -22,7 +22,7 @@ from atlantis import limits
 from atlantis.enqueue import EnqueueOptions
 from atlantis.protocol.messages import Done
 from atlantis.store import Q
-from atlantis.store.supervision import Progress, Result, finish_params
+from atlantis.store.supervision import Progress, Renewal, Result, finish_params, renew_params
 from atlantis.supervisor import policy
 from tests.conftest import job_row
 
@@ -183,8 +183,7 @@ def test_a_long_checkpoint_message_is_cut_alike_by_python_and_sql(
     found = db.execute("SELECT atlantis.progress_text(%s)", (message,)).fetchone()
     assert found == (capped,)
     renewed = _running(db, "m-renewed", 1, 3)
-    db.execute(Q.renew, {"ids": [renewed], "runs": [1], "attempts": [1], "run_ids": [None], "has_progress": [True],
-                         "pcts": [50.0], "msgs": [message], "worker": WORKER})
+    db.execute(Q.renew, renew_params(WORKER, [Renewal(renewed, 1, Progress(50.0, message))]))
     assert job_row(db, renewed)["progress_msg"] == capped
     finished = _running(db, "m-finished", 1, 3)
     complete = policy.Verdict("complete", True)

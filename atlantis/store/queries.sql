@@ -86,7 +86,14 @@ SELECT id, error
 -- Heartbeat and checkpoint in one: extends every listed lease; rows with a progress value
 -- also record it, and sample it into progress_history (at most one sample a second, the
 -- last 200). Rows missing from the result have lost their lease.
-WITH upd AS (
+WITH r AS (
+    -- One JSON array of renewals: one parameter, dumped by orjson and parsed in C (seven
+    -- arrays cost the supervisor's Python more a tick than the statement costs the database:
+    -- benchmarks/HISTORY.md, 2026-12-07, sixth).
+    SELECT * FROM jsonb_to_recordset(%(renewals)s::jsonb)
+        AS r(id bigint, run int, attempt int, run_id uuid, has_progress bool, pct float8,
+             msg text)
+), upd AS (
 UPDATE atlantis.jobs j
    SET claimed_until = now() + j.heartbeat,
        progress_pct = CASE WHEN r.has_progress THEN atlantis.clamp_pct(r.pct)
@@ -103,10 +110,11 @@ UPDATE atlantis.jobs j
                      'at', now(), 'pct', atlantis.clamp_pct(r.pct)))
            ELSE j.progress_history || jsonb_build_array(jsonb_build_object(
                 'at', now(), 'pct', atlantis.clamp_pct(r.pct))) END
-  FROM unnest(%(ids)s::bigint[], %(runs)s::int[], %(attempts)s::int[], %(run_ids)s::uuid[],
-              %(has_progress)s::bool[], %(pcts)s::float8[], %(msgs)s::text[])
-           AS r(id, run, attempt, run_id, has_progress, pct, msg)
+  FROM r
  WHERE j.id = r.id
+   -- By the key, as in `finish`: jsonb_to_recordset is always estimated at 100 rows, and
+   -- joined on `id` alone a large table could be read whole.
+   AND j.id = ANY(ARRAY(SELECT r.id FROM r))
    -- One boolean test, not several conditions: no index serves it, so the planner never
    -- looks rows up through the state or the lease index (statistics from when nothing was
    -- running had it scan every running row for each renewal; see `finish`).

@@ -52,12 +52,6 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True, slots=True)
-class RenewedRow:
-    id: int
-    cancel_requested: bool
-
-
-@dataclass(frozen=True, slots=True)
 class FinishedRow:
     id: int
     state: str
@@ -140,14 +134,16 @@ class Result:
 
 
 def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
+    """The renewal's parameters: the batch as one JSON array (as :func:`finish_params`), not
+    seven arrays psycopg would dump element by element on every tick."""
     return {
-        "ids": [r.job_id for r in batch],
-        "runs": [r.run for r in batch],
-        "attempts": [r.attempt for r in batch],
-        "run_ids": [r.run_id for r in batch],
-        "has_progress": [r.progress is not None for r in batch],
-        "pcts": [r.progress.pct if r.progress else None for r in batch],
-        "msgs": [r.progress.msg if r.progress else None for r in batch],
+        "renewals": orjson.dumps([{
+            "id": r.job_id, "run": r.run, "attempt": r.attempt,
+            "run_id": None if r.run_id is None else str(r.run_id),
+            "has_progress": r.progress is not None,
+            "pct": r.progress.pct if r.progress else None,
+            "msg": r.progress.msg if r.progress else None,
+        } for r in batch]).decode(),
         "worker": worker,
     }
 
@@ -280,11 +276,12 @@ async def release_orphans(db: Connection, worker: str, known: list[int]) -> list
 
 
 async def renew(db: Connection, worker: str, batch: Sequence[Renewal],
-                timeout: float) -> list[RenewedRow]:
-    """Renew every lease of ``batch`` and record its checkpoints; a row missing from the
-    answer has lost its lease."""
-    return await db.fetch_rows(RenewedRow, Q.renew, renew_params(worker, batch),
-                               timeout=timeout)
+                timeout: float) -> dict[int, bool]:
+    """Renew every lease of ``batch`` and record its checkpoints: whether a cancel was
+    requested, by job id; a job missing from the answer has lost its lease. (Plain rows, no
+    row objects: hundreds of them on every tick.)"""
+    rows = await db.fetch(Q.renew, renew_params(worker, batch), timeout=timeout)
+    return {int(r[0]): bool(r[1]) for r in rows}
 
 
 async def finish(db: Connection, worker: str, batch: Sequence[Result], host: str, pid: int,

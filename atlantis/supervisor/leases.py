@@ -106,7 +106,7 @@ class Leases(Service):
             a.checkpoint_dirty = False
         try:
             try:
-                rows = await sql.renew(self.db, rt.worker_id, renewals, budget)
+                renewed = await sql.renew(self.db, rt.worker_id, renewals, budget)
             except StatementRejected as exc:
                 # A checkpoint the database refuses must not cost the leases: renew without.
                 log.error("checkpoints refused by the database (%s); renewing the leases "
@@ -114,7 +114,8 @@ class Leases(Service):
                 renewals = [Renewal(r.job_id, r.attempt, None, r.run, r.run_id)
                             for r in renewals]
                 budget = min(a.lease_end - policy.lease_margin(a.heartbeat) for a in batch) - rt.now()
-                rows = await sql.renew(self.db, rt.worker_id, renewals, max(budget, 0.001))
+                renewed = await sql.renew(self.db, rt.worker_id, renewals,
+                                          max(budget, 0.001))
         except (DatabaseUnavailable, StatementRejected):
             for a, r in zip(batch, renewals, strict=True):
                 a.checkpoint_sent = False
@@ -124,8 +125,7 @@ class Leases(Service):
                     a.look_again(lease=True)
             return
         rt.metrics.renewals.inc()
-        rt.metrics.leases_renewed.inc(len(rows))
-        renewed = {r.id: r.cancel_requested for r in rows}
+        rt.metrics.leases_renewed.inc(len(renewed))
         sent = self.db.sent_at  # the renewal counts from when it went out, not from before
         for a in batch:
             a.checkpoint_sent = False  # answered: written where the row was still running
