@@ -197,6 +197,18 @@ def test_a_percentage_is_clamped_alike_by_python_and_sql(db: psycopg.Connection[
     found = db.execute("SELECT atlantis.clamp_pct(p) FROM unnest(%s::float8[]) WITH ORDINALITY"
                        " AS u(p, n) ORDER BY n", (values,)).fetchall()
     assert [r[0] for r in found] == [limits.clamp_pct(v) for v in values]
+    # Through the renewal, whose batch goes as JSON, which has no NaN (a checkpoint without a
+    # percentage) nor infinity: the row keeps what the rule gives.
+    renewals = {v: _running(db, f"p-{n}", 1, 3) for n, v in enumerate(values) if v is not None}
+    db.execute(Q.renew, renew_params(WORKER, [Renewal(job_id, 1, Progress(v, "m"))
+                                              for v, job_id in renewals.items()]))
+    for v, job_id in renewals.items():
+        assert job_row(db, job_id)["progress_pct"] == limits.clamp_pct(v), v
+    # And through the finish statement, whose results go as JSON too.
+    for n, pct in enumerate(p for p in values if p is not None):
+        finished = _running(db, f"f-{n}", 1, 3)
+        _finish(db, finished, policy.Verdict("complete", True), Progress(pct, "m"))
+        assert job_row(db, finished)["progress_pct"] == limits.clamp_pct(pct), pct
 
 
 def test_a_json_depth_is_counted_alike_by_python_and_sql(db: psycopg.Connection[Any]) -> None:

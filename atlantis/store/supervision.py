@@ -18,6 +18,7 @@ from uuid import UUID
 
 import orjson
 
+from atlantis.limits import clamp_pct
 from atlantis.store.queries import Q
 
 T = TypeVar("T")
@@ -141,7 +142,8 @@ def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
             "id": r.job_id, "run": r.run, "attempt": r.attempt,
             "run_id": None if r.run_id is None else str(r.run_id),
             "has_progress": r.progress is not None,
-            "pct": r.progress.pct if r.progress else None,
+            # Clamped here: JSON has no NaN or infinity (orjson writes null for them).
+            "pct": clamp_pct(r.progress.pct) if r.progress else None,
             "msg": r.progress.msg if r.progress else None,
         } for r in batch]).decode(),
         "worker": worker,
@@ -165,7 +167,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
         "results": orjson.dumps([{
             "id": r.job_id, "run": r.run, "attempt": r.attempt, "state": r.state, "spent": r.spent,
             "delay": r.delay, "backoff": r.backoff, "error": r.error, "has_progress": r.progress is not None,
-            "pct": r.progress.pct if r.progress else None,
+            "pct": clamp_pct(r.progress.pct) if r.progress else None,  # as in renew_params
             "msg": r.progress.msg if r.progress else None,
             "label": r.label or r.state, "child_pid": r.child_pid,
             "log_lines": r.log_lines, "log_dropped": r.log_dropped,
