@@ -5,6 +5,7 @@ however the job then ends. Real supervisors, children and PostgreSQL."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -17,7 +18,15 @@ import pytest
 
 import atlantis
 from atlantis.store.queries import Q
-from atlantis.store.supervision import Renewal, Result, finish_params, renew_params
+from atlantis.store.supervision import (
+    ClaimedRow,
+    FinishedRow,
+    Renewal,
+    Result,
+    finish_params,
+    renew_params,
+)
+from atlantis.store.typed_rows import fields_row
 from tests.conftest import events, job_row, run_tide, wait_for, wait_state
 from tests.test_operations import make_dead
 
@@ -310,3 +319,32 @@ def test_a_resumed_claim_is_told_apart_by_its_run_id(db: psycopg.Connection[Any]
     assert db.execute(Q.finish, finish_params(worker, [done])).fetchall() == [(job_id, "complete")]
     assert db.execute("SELECT outcome FROM atlantis.attempts WHERE job_id = %s ORDER BY id",
                       (job_id,)).fetchall() == [("suspend",), ("complete",)]
+
+
+def test_claimed_rows_are_read_by_column_name_as_class_row_reads_them(
+        db: psycopg.Connection[Any]) -> None:
+    """The supervisor reads its rows with ``typed_rows.fields_row``: by column name, as
+    psycopg's ``class_row``, each row built positionally (the claim selects its columns in
+    another order than ``ClaimedRow`` declares them). The run id comes as text: the
+    supervisor only passes it on. A column the row type lacks fails, as with ``class_row``;
+    a field the statement leaves out keeps its default."""
+    atlantis.enqueue(db, "tests.Echo", {"key": "rows"}, priority=3)
+    params = {"limited": [], "queues": ["tests"], "jobs": ["tests.Echo"], "limit": 1,
+              "worker": "host-a:1:rows", "within": 5.0}
+    read: dict[str, ClaimedRow] = {}
+    for name, factory in (("class_row", psycopg.rows.class_row), ("fields_row", fields_row)):
+        with db.transaction(force_rollback=True):
+            (read[name],) = db.cursor(row_factory=factory(ClaimedRow)).execute(
+                Q.claim, params).fetchall()
+    by_name, positional = read["class_row"], read["fields_row"]
+    assert isinstance(positional.run_id, str) and len(positional.run_id) == 36
+    assert dataclasses.replace(positional, run_id=None, deadline=by_name.deadline) == \
+        dataclasses.replace(by_name, run_id=None)
+    with pytest.raises(TypeError):
+        db.cursor(row_factory=fields_row(FinishedRow)).execute(
+            "SELECT 1 AS id, 'complete' AS state, 2 AS extra").fetchall()
+    assert db.cursor(row_factory=fields_row(FinishedRow)).execute(
+        "SELECT 'complete' AS state, 1 AS id").fetchall() == [FinishedRow(1, "complete")]
+    left_out = db.cursor(row_factory=fields_row(Renewal)).execute(
+        "SELECT 1 AS attempt, 7 AS job_id, NULL AS progress").fetchall()
+    assert left_out == [Renewal(7, 1, None)]

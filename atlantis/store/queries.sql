@@ -48,7 +48,8 @@ WITH c AS MATERIALIZED (
                                  %(limit)s::int, %(limited)s::text[])
 )
 SELECT id, job, queue, args, run, attempt, max_attempts, cancel_requested, timeout,
-       heartbeat, backoff, deadline, workflow_id, workflow, trace_context, run_id
+       heartbeat, backoff, deadline, workflow_id, workflow, trace_context,
+       run_id::text AS run_id  -- text: the supervisor only passes it on, as text
   FROM c
  WHERE (SELECT atlantis.claim_in_time(statement_timestamp()
                                       + make_interval(secs => %(within)s::float8))
@@ -69,7 +70,7 @@ WITH c AS MATERIALIZED (
 SELECT c.id, c.job, c.queue, c.args, c.run, c.attempt, c.max_attempts, c.cancel_requested,
        c.timeout, c.heartbeat, c.backoff, c.deadline, c.workflow_id, c.workflow,
        (SELECT j.trace_context FROM atlantis.jobs j WHERE j.id = c.id) AS trace_context,
-       c.wake_in, c.cursor, c.run_id
+       c.wake_in, c.cursor, c.run_id::text AS run_id
   FROM c
  WHERE (SELECT atlantis.claim_in_time(statement_timestamp()
                                       + make_interval(secs => %(within)s::float8))

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString, Protocol, TypeVar
-from uuid import UUID
 
 import orjson
 
@@ -48,8 +47,9 @@ class ClaimedRow:
     """The step's workflow; None outside workflows."""
     trace_context: dict[str, str] | None = None
     """The enqueuer's W3C trace context (migration 0019); None when it traced nothing."""
-    run_id: UUID | None = None
-    """The claim's run id (migration 0026): the child's handler steps are fenced on it."""
+    run_id: str | None = None
+    """The claim's run id (migration 0026), as text: the child's handler steps are fenced
+    on it, and the supervisor's writes; it is never read, only passed on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,7 @@ class Renewal:
     attempt: int
     progress: Progress | None
     run: int = 1
-    run_id: UUID | None = None
+    run_id: str | None = None
     """The claim's run id (``ClaimedRow.run_id``): the renewal is fenced on it too."""
 
 
@@ -122,7 +122,7 @@ class Result:
     workflow_id: int | None = None
     """The workflow of a step (or compensation): the finish statement locks it
     (:func:`finish_params` orders the batch by it)."""
-    run_id: UUID | None = None
+    run_id: str | None = None
     """The claim's run id (``ClaimedRow.run_id``): the write is fenced on it too (a resume
     spends no attempt, so run and attempt may repeat across two claims of a row)."""
     wake: str | None = None
@@ -140,7 +140,7 @@ def renew_params(worker: str, batch: Sequence[Renewal]) -> dict[str, Any]:
     return {
         "renewals": orjson.dumps([{
             "id": r.job_id, "run": r.run, "attempt": r.attempt,
-            "run_id": None if r.run_id is None else str(r.run_id),
+            "run_id": r.run_id,  # text (the claim reads it as text)
             "has_progress": r.progress is not None,
             # Clamped here: JSON has no NaN or infinity (orjson writes null for them).
             "pct": clamp_pct(r.progress.pct) if r.progress else None,
@@ -173,7 +173,7 @@ def finish_params(worker: str, batch: Sequence[Result], host: str | None = None,
             "log_lines": r.log_lines, "log_dropped": r.log_dropped,
             "result": None if r.result is None else orjson.Fragment(r.result),
             "wake": r.wake, "waits": r.waits,
-            "run_id": None if r.run_id is None else str(r.run_id),
+            "run_id": r.run_id,
             "warning": r.warning,
         } for r in batch]).decode(),
         "host": host,

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 
 from atlantis.store.database import describe_db_error
+from atlantis.store.typed_rows import fields_row
 from atlantis.supervisor import policy, pooler
 from atlantis.supervisor.settings import Settings
 from atlantis.units import format_duration
@@ -339,7 +340,7 @@ class Db:
                        params: dict[str, Any] | None, *, dicts: type[Any] | bool,
                        transaction: bool) -> Any:
         if isinstance(dicts, type):
-            cur: Any = conn.cursor(row_factory=class_row(dicts))
+            cur: Any = conn.cursor(row_factory=fields_row(dicts))
         else:
             cur = conn.cursor(row_factory=dict_row) if dicts else conn.cursor()
         if not transaction:

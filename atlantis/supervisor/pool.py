@@ -215,7 +215,7 @@ class Pool(Service):
             lease_end=a.lease_end, lease_margin=policy.child_margin(row.heartbeat),
             database_url=self.rt.settings.child_database_url, workflow=row.workflow,
             trace=self.ledger.tracing.traceparent(a),
-            run_id=None if row.run_id is None else str(row.run_id),
+            run_id=row.run_id,
         ))  # a child that died meanwhile is handled by its exit
         # (A row cancelled while its claim was on its way never gets here: Ledger.take_held
         # ends it cancelled before any child takes it.)
