@@ -45,7 +45,7 @@ def fields_row(cls: type[T]) -> RowFactory[T]:
     name; an unknown column fails), with each row built positionally: the columns are
     matched to the fields once a statement, not once a row (a claim reads hundreds of rows a
     second). Fields the statement leaves out keep their defaults."""
-    fields = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
 
     def factory(cursor: BaseCursor[Any, Any]) -> RowMaker[T]:
         if cursor.description is None:
