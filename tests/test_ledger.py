@@ -180,3 +180,35 @@ def test_the_per_tick_loops_wait_while_nothing_is_in_flight_and_wake_when_an_att
         await asyncio.wait_for(again, 10)
 
     asyncio.run(scenario())
+
+
+def test_stale_held_rows_are_given_back_when_the_soonest_is_due_and_not_before() -> None:
+    """The claimer asks for the stale held rows on every wake-up; the ledger keeps the
+    soonest time one can be stale, so that the asks before it cost no walk: but a row whose
+    heartbeat holds it a shorter time (a quarter of it) must still go back on time, and the
+    rows held after a walk keep their own times."""
+    ledger, clock = _ledger(claim_ahead_hold=1.0)
+    long_held = [ledger.claimed(_row(i), clock()) for i in (1, 2)]  # held 1 s (the hold)
+    for a in long_held:
+        ledger.hold(a)
+    clock.t += 0.5
+    short = ledger.claimed(_row(3, heartbeat=0.8), clock())  # held 0.2 s: stale at 1000.7
+    ledger.hold(short)
+    clock.t = 1000.69
+    assert ledger.give_back_held(stale_only=True) == 0
+    clock.t = 1000.7
+    assert ledger.give_back_held(stale_only=True) == 1
+    assert [a.job_id for a in ledger.held] == [1, 2]
+    clock.t = 1000.99
+    assert ledger.give_back_held(stale_only=True) == 0
+    later = ledger.claimed(_row(4), clock())  # held until 1001.99
+    ledger.hold(later)
+    clock.t = 1001.0
+    assert ledger.give_back_held(stale_only=True) == 2
+    assert [a.job_id for a in ledger.held] == [4]
+    clock.t = 1001.98
+    assert ledger.give_back_held(stale_only=True) == 0
+    clock.t = 1001.99
+    assert ledger.give_back_held(stale_only=True) == 1
+    assert not ledger.held
+    assert [r.job_id for _, r in ledger.ended] == [3, 1, 2, 4]

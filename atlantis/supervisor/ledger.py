@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -49,6 +50,9 @@ class Ledger:
         self.held: deque[Attempt] = deque()
         """Claimed ahead of need, oldest first. Their leases are not renewed: each is
         started or given back within ``claim_ahead_hold``, well inside its first lease."""
+        self._stale_from = math.inf
+        """No held row is stale before this time (it may be later: rows left since): the
+        claimer's wake-ups, one per attempt ended, skip the walk over every held row."""
         self.in_flight: dict[int, Attempt] = {}
         self.flying = asyncio.Event()
         """Set while an attempt is in flight: the loops that look at each one every tick
@@ -86,6 +90,10 @@ class Ledger:
             self.held.appendleft(a)
         else:
             self.held.append(a)
+        self._stale_from = min(self._stale_from, self._stale_at(a))
+
+    def _stale_at(self, a: Attempt) -> float:
+        return a.renewed_at + policy.hold_limit(a.heartbeat, self.settings.claim_ahead_hold)
 
     def stale(self, a: Attempt, now: float) -> bool:
         """Held too long to start (:func:`policy.held_too_long`): give it back instead."""
@@ -119,12 +127,15 @@ class Ledger:
     def give_back_held(self, *, stale_only: bool = False) -> int:
         """Give held rows back, unspent: the stale ones, or all of them (a drain)."""
         now = self.now()
+        if stale_only and now < self._stale_from:
+            return 0  # none can be stale yet
         keep: list[Attempt] = []
         give: list[Attempt] = []
         for a in self.held:
             (keep if stale_only and not self.stale(a, now) else give).append(a)
         self.held.clear()
         self.held.extend(keep)
+        self._stale_from = min(map(self._stale_at, keep), default=math.inf)
         for a in give:
             self.end(a, policy.RELEASE)
         return len(give)

@@ -374,7 +374,12 @@ def held_too_long(now: float, claimed_at: float, heartbeat: float, hold: float) 
     a supervisor that was stalled (stopped, swapped out) must not start a row whose lease
     ran out meanwhile, and which another worker may already run.
     """
-    return now - claimed_at >= min(hold, heartbeat / 4)
+    return now - claimed_at >= hold_limit(heartbeat, hold)
+
+
+def hold_limit(heartbeat: float, hold: float) -> float:
+    """How long a row claimed ahead may be held (:func:`held_too_long`)."""
+    return min(hold, heartbeat / 4)
 
 
 def renewal_due(now: float, renewed_at: float, heartbeat: float) -> bool:
