@@ -96,9 +96,8 @@ class Ledger:
         return a.renewed_at + policy.hold_limit(a.heartbeat, self.settings.claim_ahead_hold)
 
     def stale(self, a: Attempt, now: float) -> bool:
-        """Held too long to start (:func:`policy.held_too_long`): give it back instead."""
-        return policy.held_too_long(now, a.renewed_at, a.heartbeat,
-                                    self.settings.claim_ahead_hold)
+        """Held too long to start (:func:`policy.hold_limit`): give it back instead."""
+        return now >= self._stale_at(a)
 
     def take_held(self, free: Callable[[Attempt], bool], start: Callable[[Attempt], bool]
                   ) -> tuple[int, int]:

@@ -365,8 +365,8 @@ def lease_lost(now: float, lease_end: float, heartbeat: float) -> bool:
     return now >= lease_end - lease_margin(heartbeat)
 
 
-def held_too_long(now: float, claimed_at: float, heartbeat: float, hold: float) -> bool:
-    """Whether a row claimed ahead was held too long to start: it is given back instead.
+def hold_limit(heartbeat: float, hold: float) -> float:
+    """How long a row claimed ahead may wait to start: held longer, it is given back instead.
 
     Its lease is not renewed while it waits, so it is held for ``hold``
     (``--claim-ahead-hold``) at most, and for no more than a quarter of its heartbeat, which
@@ -374,11 +374,6 @@ def held_too_long(now: float, claimed_at: float, heartbeat: float, hold: float) 
     a supervisor that was stalled (stopped, swapped out) must not start a row whose lease
     ran out meanwhile, and which another worker may already run.
     """
-    return now - claimed_at >= hold_limit(heartbeat, hold)
-
-
-def hold_limit(heartbeat: float, hold: float) -> float:
-    """How long a row claimed ahead may be held (:func:`held_too_long`)."""
     return min(hold, heartbeat / 4)
 
 

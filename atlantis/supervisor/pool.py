@@ -173,7 +173,7 @@ class Pool(Service):
     def feed(self) -> None:
         """Start the ledger's held rows in idle children, oldest first.
 
-        A row held too long (:func:`policy.held_too_long`: the supervisor was stalled, so
+        A row held too long (:func:`policy.hold_limit`: the supervisor was stalled, so
         the claimer could not give it back in time) is given back instead of started.
         """
         stale, expired = self.ledger.take_held(self._free_for, self.assign)
