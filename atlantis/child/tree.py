@@ -82,7 +82,7 @@ def has_children() -> bool:
     """Whether this process has any child, running or exited, in one cheap system call.
 
     No child means no descendant at all (as a subreaper, orphans come back to us as
-    children), so the common case skips psutil's scan of every process on the host.
+    children), so the common case reads no ``/proc`` file and never loads psutil.
     """
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
