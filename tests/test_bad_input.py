@@ -317,6 +317,8 @@ HANDLERS: dict[str, tuple[str, str | None, str | None]] = {
     "recursion": ("dead", "exception", "RecursionError: maximum recursion depth exceeded"),
     "forkbomb": ("dead", "tasks",
                  "task limit (64 processes and threads) exceeded (--max-tasks-per-child)"),
+    "slow-threads": ("dead", "tasks",
+                     "task limit (64 processes and threads) exceeded (--max-tasks-per-child)"),
     "binary": ("complete", None, None),
     "checkpoint-nan-huge": ("complete", None, None),
 }
@@ -337,8 +339,9 @@ def _survivors(marker: str) -> list[int]:
 def test_handler_faults_end_their_attempt_only(
         db: psycopg.Connection[Any], supervise: Any) -> None:
     """Each fault ends its own attempt with the kind and text of the table, among others;
-    the fork bomb (2,500 processes) is stopped past 64 tasks, tree and all; the supervisor
-    stays alive and runs the jobs enqueued after them."""
+    the fork bomb (2,500 processes) is stopped past 64 tasks, tree and all, and so is a tree
+    that grows by a thread every 5 ms (counted again only once it may have passed the limit);
+    the supervisor stays alive and runs the jobs enqueued after them."""
     sup = supervise("--max-tasks-per-child", "64", queues=("contain",), app=CONTAIN)
     marker = f"bomb-{secrets.token_hex(4)}"
     ids = {mode: atlantis.enqueue(db, "contain.Act",

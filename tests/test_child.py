@@ -43,7 +43,7 @@ from atlantis.child.text import (
     snooze_delay,
     text_of,
 )
-from atlantis.child.tree import last_pid
+from atlantis.child.tree import last_pid, tasks_created
 from atlantis.child.zygote import rehearse
 from atlantis.context import AttemptFlags, JobContext
 from atlantis.limits import MAX_CHECKPOINT_CHARS
@@ -722,6 +722,21 @@ def test_the_last_pid_moves_with_every_new_task() -> None:
     assert after_thread != before
     subprocess.run(["true"], check=True)
     assert last_pid() != after_thread
+
+
+def test_the_count_of_tasks_created_grows_by_every_thread_and_process() -> None:
+    """The supervisor counts a tree again only once the host created as many tasks as it
+    has room for under the limit: every thread and every process must add to the count."""
+    before = tasks_created()
+    assert before is not None
+    threads = [threading.Thread(target=lambda: None) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    subprocess.run(["true"], check=True)
+    after = tasks_created()
+    assert after is not None and after >= before + 21
 
 
 def test_the_context_reads_the_flags_it_was_made_with() -> None:

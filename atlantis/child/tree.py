@@ -199,6 +199,27 @@ def last_pid() -> int | None:
         return None
 
 
+def tasks_created() -> int | None:
+    """Tasks (processes and threads) the kernel has created since it booted, host-wide:
+    ``/proc/stat``'s ``processes`` line, which every fork and clone adds one to, in every pid
+    namespace. Unlike a process id it never wraps around, so the difference of two readings
+    bounds how much any tree can have grown between them. None where there is no such line.
+    """
+    try:
+        with open("/proc/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    start = data.find(b"\nprocesses ")
+    if start < 0:
+        return None
+    end = data.find(b"\n", start + 1)
+    try:
+        return int(data[start + len(b"\nprocesses "):end if end >= 0 else None])
+    except ValueError:
+        return None
+
+
 def count_tasks(pid: int, limit: int) -> int:
     """Tasks (processes and threads, as systemd's ``TasksMax`` counts them) of ``pid``'s
     tree, itself included, counted only up to the first past ``limit``: a fork bomb costs

@@ -114,6 +114,9 @@ class Child:
     """What :meth:`rss` last found."""
     rss_read: int = 0
     """How many times :meth:`rss` was read."""
+    tasks_recount_at: int = 0
+    """The host's count of tasks created (:func:`~atlantis.child.tree.tasks_created`) from
+    which this child's tree may have grown past the task limit: not counted again before."""
     _pending: deque[memoryview] = field(default_factory=deque)
     _pending_bytes: int = 0
     _watching_writes: bool = False

@@ -13,7 +13,7 @@ import math
 import signal
 from operator import attrgetter
 
-from atlantis.child.tree import last_pid
+from atlantis.child.tree import last_pid, tasks_created
 from atlantis.supervisor import policy
 from atlantis.supervisor.attempts import Attempt, Soonest
 from atlantis.supervisor.ledger import IDLE_TICK
@@ -34,6 +34,11 @@ class Enforcement(Service):
         self._task_turn = 0
         self._pid_stamp: int | None = None
         self._counts_owed = 0
+        self._moves = 0
+        self._soonest: float = -math.inf
+        """The least ``Child.tasks_recount_at`` of the trees in flight (see _check_tasks)."""
+        self._started = -1
+        """``ledger.attempts_started`` at the last walk over the attempts in flight."""
 
     def loops(self) -> list[Loop]:
         return [self._check_loop]
@@ -95,33 +100,60 @@ class Enforcement(Service):
     def _check_tasks(self) -> None:
         """A tree grows fast (a fork bomb forks every few milliseconds), and a count costs
         little (:func:`atlantis.child.tree.count_tasks`): each tick, up to
-        ``--task-counts-per-tick`` attempts, taking turns, while a round is owed (with 500
+        ``--task-counts-per-tick`` trees that may be past the limit, taking turns (with 500
         in flight and 32 a tick, each every 16 ticks, 0.8 s).
 
-        A round (one count of every tree) is owed whenever the host's last process id
-        moved (:func:`atlantis.child.tree.last_pid`): while it stays put, no task was
-        created anywhere, so no tree grew and nothing is counted (hundreds of sleeping
-        attempts cost nothing to watch)."""
+        Nothing is counted while the host's last process id stays put
+        (:func:`atlantis.child.tree.last_pid`): no task was created anywhere, so no tree grew
+        (hundreds of sleeping attempts cost nothing to watch). When it moves, a tree is
+        counted again only if it may have grown past the limit: a tree of ``n`` tasks
+        cannot pass ``limit`` before the host created ``limit - n + 1`` more tasks, which
+        the kernel's count of tasks created (:func:`atlantis.child.tree.tasks_created`,
+        which never wraps) tells (``Child.tasks_recount_at``). Where that count is missing,
+        every tree is counted again after each move."""
         s = self.rt.settings
         limit = s.max_tasks_per_child
-        in_flight = self.ledger.in_flight
         stamp = last_pid()
+        if stamp is not None and stamp == self._pid_stamp and not self._counts_owed:
+            return
         if stamp is None or stamp != self._pid_stamp:
             self._pid_stamp = stamp
-            self._counts_owed = len(in_flight)
-        if self._counts_owed <= 0:
-            return
-        running = [a for a in in_flight.values() if a.child is not None and not a.killed]
+            self._moves += 1
+        created = tasks_created()
+        seen = created if created is not None else self._moves
+        started = self.ledger.attempts_started
+        if seen < self._soonest and started == self._started and not self._counts_owed:
+            return  # no tree may have passed the limit, and no attempt came since the last look
+        self._started = started
+        due: list[Attempt] = []
+        soonest = math.inf
+        for a in self.ledger.in_flight.values():
+            if a.child is None or a.killed:
+                continue
+            if a.child.tasks_recount_at <= seen:
+                due.append(a)
+            else:
+                soonest = min(soonest, a.child.tasks_recount_at)
         per_tick = s.task_counts_per_tick
-        if len(running) > per_tick:
-            start = self._task_turn % len(running)
-            running = (running[start:] + running[:start])[:per_tick]
+        if len(due) > per_tick:
+            start = self._task_turn % len(due)
+            due = (due[start:] + due[:start])[:per_tick]
             self._task_turn = start + per_tick
-        self._counts_owed -= len(running)
-        for a in running:
+            self._counts_owed = 1  # more are due: the next tick goes on, moved or not
+        else:
+            self._counts_owed = 0
+        self._soonest = soonest if self._counts_owed == 0 else -math.inf
+        for a in due:
             assert a.child is not None
-            if a.child.tasks(limit) > limit:
+            count = a.child.tasks(limit)
+            if count > limit:
                 log.warning("%s: the child runs more than %d tasks (processes and threads), "
                             "over --max-tasks-per-child; killing its whole tree", a.tag(), limit,
                             extra=a.log_extra())
                 a.stop("tasks", self.rt.now(), sig=signal.SIGKILL)
+                continue
+            if created is not None:  # it cannot pass the limit before this many more
+                a.child.tasks_recount_at = created + limit + 1 - count
+            else:
+                a.child.tasks_recount_at = self._moves + 1  # after the next move
+            self._soonest = min(self._soonest, a.child.tasks_recount_at)

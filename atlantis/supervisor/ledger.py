@@ -68,6 +68,8 @@ class Ledger:
         while it is short."""
         self.attempts_ended = 0
         """Attempts that ended in a child so far (a child became free)."""
+        self.attempts_started = 0
+        """Attempts that went in flight so far."""
         self.on_ended: Callable[[], None] = lambda: None
         """Called when an outcome is waiting to be written (the completer wakes)."""
         self.on_change: Callable[[], None] = lambda: None
@@ -143,6 +145,7 @@ class Ledger:
 
     def started(self, a: Attempt) -> None:
         self.in_flight[a.job_id] = a
+        self.attempts_started += 1
         self.flying.set()
 
     async def tick(self, tick: float, idle: float) -> None:

@@ -20,6 +20,8 @@
   then returns.
 - ``forkbomb``: a bounded fork bomb: forks 2,500 processes that sleep, each marked with
   ``BOMB=<key>`` in its environment (for the test to look for survivors).
+- ``slow-threads``: a tree that grows slowly: a sleeping thread every 5 ms, 300 of them,
+  then sleeps (the task limit must still catch it, however seldom its tree is counted).
 
 ``contain.Stuck`` records ``started`` and sleeps past its 2 s timeout (the test stops it
 with SIGSTOP to make it stop reading its control pipe). ``contain.Fails`` always raises.
@@ -116,6 +118,11 @@ def act(ctx: atlantis.JobContext, args: Any) -> None:
             if os.fork() == 0:
                 time.sleep(60)
                 os._exit(0)
+        time.sleep(30)
+    elif mode == "slow-threads":
+        for _ in range(300):
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+            time.sleep(0.005)
         time.sleep(30)
     elif mode == "chatty":
         for i in range(5000):
