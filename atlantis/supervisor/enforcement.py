@@ -145,6 +145,9 @@ class Enforcement(Service):
         self._soonest = soonest if self._counts_owed == 0 else -math.inf
         for a in due:
             assert a.child is not None
+            if not a.child.pid:  # a zygote's fork not reported yet: its tree is not known,
+                self._soonest = -math.inf  # so it stays due, and the next tick looks again
+                continue
             count = a.child.tasks(limit)
             if count > limit:
                 log.warning("%s: the child runs more than %d tasks (processes and threads), "
