@@ -33,7 +33,8 @@ class Enforcement(Service):
         self.ledger = rt.ledger
         self._task_turn = 0
         self._pid_stamp: int | None = None
-        self._counts_owed = 0
+        self._counts_owed = False
+        """More trees were due than a tick counts: the next tick goes on, moved or not."""
         self._moves = 0
         self._soonest: float = -math.inf
         """The least ``Child.tasks_recount_at`` of the trees in flight (see _check_tasks)."""
@@ -139,10 +140,10 @@ class Enforcement(Service):
             start = self._task_turn % len(due)
             due = (due[start:] + due[:start])[:per_tick]
             self._task_turn = start + per_tick
-            self._counts_owed = 1  # more are due: the next tick goes on, moved or not
+            self._counts_owed = True
         else:
-            self._counts_owed = 0
-        self._soonest = soonest if self._counts_owed == 0 else -math.inf
+            self._counts_owed = False
+        self._soonest = -math.inf if self._counts_owed else soonest
         for a in due:
             assert a.child is not None
             if not a.child.pid:  # a zygote's fork not reported yet: its tree is not known,
