@@ -188,14 +188,17 @@ def _gone(pid: int) -> bool:
 def test_kill_9_of_a_supervisor_holding_a_slot_frees_it_when_the_lease_expires(
     db: psycopg.Connection[Any], supervise: Any
 ) -> None:
-    # Trigger disabled: the second supervisor runs `after` at once, beside the long attempt.
-    long_id, after = enqueue(db, "limited.Lease", [{"key": "k", "hold": 60.0, "retry_hold": 0.05},
-                                                   {"key": "k", "hold": 0.05}])
+    (long_id,) = enqueue(db, "limited.Lease", [{"key": "k", "hold": 60.0, "retry_hold": 0.05}])
     sups = supervisors(supervise, 2, concurrency=1)
     # The worker id names its supervisor's pid (host:pid:random).
     (worker,) = wait_for(lambda: db.execute("SELECT claimed_by FROM atlantis.jobs WHERE id = %s"
                                             " AND state = 'running'", (long_id,)).fetchone(),
                          message="the long attempt to be claimed")
+    # Enqueued once the long attempt holds the slot: enqueued with it, `after` could be
+    # claimed first by the other supervisor (its claim skips the row the first one has
+    # locked), and run and end before the long one starts. Trigger disabled, the second
+    # supervisor would run `after` at once, beside the long attempt.
+    (after,) = enqueue(db, "limited.Lease", [{"key": "k", "hold": 0.05}])
     (holder,) = [s for s in sups if worker.split(":")[1] == str(s.pid)]
     (second,) = [s for s in sups if s is not holder]
     wait_for(lambda: value(db, "SELECT count(*) FROM test_events WHERE job_id = %s",
